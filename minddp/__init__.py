@@ -1,0 +1,15 @@
+"""minddp: a minimal, from-scratch data-parallel training framework for PyTorch."""
+
+from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from .ddp import DDP, CommStats, DistributedDataParallel
+
+__all__ = [
+    "DDP",
+    "CommStats",
+    "DistributedDataParallel",
+    "GradBucket",
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "fp16_compress_hook",
+]
+__version__ = "0.1.0"

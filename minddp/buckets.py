@@ -1,0 +1,128 @@
+"""Bucket assignment and flat gradient buffers.
+
+Pure logic, no process groups: which parameters share a bucket, and the flat
+buffer each bucket owns. The engine (ddp.py) launches one collective per bucket.
+
+Rules (those of torch DDP's reducer, with a strict cap):
+- parameters are taken in the order given (the engine passes reverse
+  registration order first, then the observed gradient-ready order);
+- one dtype and one device per bucket;
+- the first bucket of each (dtype, device) is capped small (1 MiB by default) so
+  that communication starts as early as possible in backward;
+- a bucket never exceeds its cap, except a single tensor larger than the cap,
+  which gets a bucket of its own;
+- buckets are ordered by the position of their first parameter, so bucket 0
+  holds the gradients that become ready first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+MiB = 1024 * 1024
+FIRST_BUCKET_CAP_MB = 1.0
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What bucketing needs to know about one parameter."""
+
+    numel: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorSpec":
+        return cls(t.numel(), t.dtype, t.device)
+
+
+def assign_buckets(
+    specs: list[TensorSpec],
+    order: list[int],
+    cap_mb: float,
+    first_cap_mb: float = FIRST_BUCKET_CAP_MB,
+) -> list[list[int]]:
+    """Group tensor indices into buckets.
+
+    `specs[i]` describes tensor i; `order` is the order in which tensors are
+    expected to become ready (a permutation of a subset of indices).
+    Returns a list of buckets, each a list of tensor indices in `order` order.
+    """
+    if cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {cap_mb}")
+    cap = int(cap_mb * MiB)
+    first_cap = min(cap, int(first_cap_mb * MiB))
+    open_buckets: dict[tuple, list[int]] = {}
+    open_bytes: dict[tuple, int] = {}
+    closed_per_key: dict[tuple, int] = {}
+    done: list[list[int]] = []
+
+    for i in order:
+        s = specs[i]
+        key = (s.dtype, s.device)
+        limit = first_cap if closed_per_key.get(key, 0) == 0 else cap
+        cur = open_buckets.setdefault(key, [])
+        if cur and open_bytes[key] + s.nbytes > limit:
+            done.append(cur)
+            closed_per_key[key] = closed_per_key.get(key, 0) + 1
+            cur = open_buckets[key] = []
+            open_bytes[key] = 0
+        cur.append(i)
+        open_bytes[key] = open_bytes.get(key, 0) + s.nbytes
+    done.extend(b for b in open_buckets.values() if b)
+
+    position = {i: p for p, i in enumerate(order)}
+    done.sort(key=lambda b: position[b[0]])
+    return done
+
+
+@dataclass
+class Bucket:
+    """One flat buffer and the parameters whose gradients are views into it."""
+
+    index: int
+    param_ids: list[int]  # indices into the engine's parameter list
+    offsets: list[int]  # start of each parameter's slice in `buffer`
+    numels: list[int]
+    buffer: torch.Tensor
+    # filled per iteration by the engine
+    pending: int = 0
+    future: object = None
+    unused: list[int] = field(default_factory=list)
+
+    @property
+    def grad_nbytes(self) -> int:
+        return sum(self.numels) * self.buffer.element_size()
+
+    def view(self, k: int, shape: torch.Size) -> torch.Tensor:
+        """The slice of the buffer that is parameter k's gradient."""
+        return self.buffer[self.offsets[k] : self.offsets[k] + self.numels[k]].view(shape)
+
+
+def make_buckets(
+    params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0
+) -> list[Bucket]:
+    """Allocate one zeroed flat buffer per bucket.
+
+    `tail_numel` extra elements are appended to the last bucket; the engine uses
+    them to tell every rank which parameters were unused on some rank, without
+    an extra collective (see ddp.py).
+    """
+    buckets = []
+    for b, ids in enumerate(assignment):
+        offsets, numels, pos = [], [], 0
+        for i in ids:
+            offsets.append(pos)
+            numels.append(params[i].numel())
+            pos += params[i].numel()
+        extra = tail_numel if b == len(assignment) - 1 else 0
+        first = params[ids[0]]
+        buf = torch.zeros(pos + extra, dtype=first.dtype, device=first.device)
+        buckets.append(Bucket(b, list(ids), offsets, numels, buf))
+    return buckets

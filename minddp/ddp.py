@@ -1,0 +1,366 @@
+"""minddp.DistributedDataParallel: torch DDP's reducer, in Python.
+
+Life of one iteration (a forward outside `no_sync()`, then `loss.backward()`):
+
+1. forward: broadcast buffers from the group's first rank (if asked), reset the
+   per-iteration state, run the module.
+2. backward: autograd accumulates each gradient straight into its bucket's flat
+   buffer (`param.grad` is a view of it). A post-accumulate hook marks the
+   parameter ready; once bucket i and every bucket before it are complete,
+   bucket i's all-reduce starts asynchronously, so communication overlaps the
+   rest of backward. Buckets go out strictly in index order on every rank,
+   whatever order autograd delivers gradients in.
+3. end of backward: a callback queued on the autograd engine launches what is
+   left (buckets with unused parameters, or everything when overlap=False),
+   waits, and checks the usage flags carried by the last bucket. After the first
+   iteration the buckets are rebuilt once in the observed gradient-ready order
+   (rank 0's order, broadcast).
+
+When `loss.backward()` returns, every `param.grad` holds the average over ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .buckets import TensorSpec, assign_buckets, make_buckets
+from .comm_hooks import BUILTIN_HOOKS, GradBucket, supports_native_avg
+
+_BROADCAST_CHUNK_BYTES = 250 * 1024 * 1024
+
+
+@dataclass
+class CommStats:
+    """Communication of the last synchronised iteration.
+
+    num_collectives counts the gradient-bucket reductions (one per bucket); the
+    one-off broadcast of the rebuilt bucket plan after the first iteration is
+    not included. comm_time_s runs from the first bucket launch to the last
+    completion; exposed_wait_s is how long the end-of-backward callback blocked
+    waiting for communication (the part overlap did not hide).
+    """
+
+    num_buckets: int = 0
+    num_collectives: int = 0
+    bytes: int = 0
+    comm_time_s: float = 0.0
+    exposed_wait_s: float = 0.0
+    launched_in_backward: int = 0
+    launch_order: list[int] = field(default_factory=list)
+    overlap: bool = True
+
+
+class DistributedDataParallel(nn.Module):
+    """Data-parallel wrapper: same API shape as `torch.nn.parallel.DistributedDataParallel`."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        process_group=None,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        overlap: bool = True,
+        reduce_op: str = "avg",
+        compress: str | None = None,
+    ):
+        super().__init__()
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "minddp.DistributedDataParallel needs an initialised process group: "
+                "call minddp.init_distributed() (or torch.distributed.init_process_group) first"
+            )
+        if reduce_op not in ("avg", "sum"):
+            raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
+        if compress in ("none", "None", ""):
+            compress = None
+        if compress not in BUILTIN_HOOKS:
+            raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+
+        self.module = module
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.process_group)
+        # broadcast(src=...) takes a *global* rank, also for a sub-group.
+        self.src_rank = dist.get_process_group_ranks(self.process_group)[0]
+        self.bucket_cap_mb = bucket_cap_mb
+        self.find_unused_parameters = find_unused_parameters
+        self.broadcast_buffers = broadcast_buffers
+        self.overlap = overlap
+        self.reduce_op = reduce_op
+        self._native_avg = supports_native_avg(self.process_group)
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._module_buffers = list(module.buffers())
+
+        self._check_same_model_across_ranks()
+        with torch.no_grad():
+            self._broadcast_coalesced([p.detach() for p in module.parameters()])
+            self._broadcast_coalesced(self._module_buffers)
+
+        self._specs = [TensorSpec.of(p) for p in self._params]
+        n = len(self._params)
+        self._build_buckets(list(reversed(range(n))))
+        self._rebuilt = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                       for i, p in enumerate(self._params)]
+        self._comm_hook, self._comm_state = BUILTIN_HOOKS[compress], None
+
+        self._require_backward_grad_sync = True  # False inside no_sync()
+        self._require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
+        self._expect_sync = False  # this backward must reduce
+        self._callback_queued = False
+        self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
+
+    # ----------------------------------------------------------------- public API
+    def forward(self, *args, **kwargs):
+        if self._require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
+            with torch.no_grad():
+                self._broadcast_coalesced(self._module_buffers)
+        sync = torch.is_grad_enabled() and self._require_backward_grad_sync
+        self._require_forward_param_sync = sync
+        if sync:
+            self._prepare_for_backward()
+        else:
+            self._expect_sync = False
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally; wrap the forward *and* the backward.
+
+        The next synchronised backward reduces the accumulated sum, which gives
+        exactly the gradient of the combined batch.
+        """
+        old = self._require_backward_grad_sync
+        self._require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self._require_backward_grad_sync = old
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Replace how buckets are reduced: `hook(state, GradBucket) -> Future[Tensor]`."""
+        self._comm_state, self._comm_hook = state, hook
+
+    @property
+    def bucket_assignment(self) -> list[list[str]]:
+        """Parameter names per bucket, in launch order."""
+        return [[self._names[i] for i in b.param_ids] for b in self._buckets]
+
+    # -------------------------------------------------------------- construction
+    def _check_same_model_across_ranks(self) -> None:
+        """Every rank must hold the same tensors, or the broadcasts below would hang."""
+        mine = [("parameter", n, tuple(p.shape), str(p.dtype))
+                for n, p in self.module.named_parameters()]
+        mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in self.module.named_buffers()]
+        mine += [("requires_grad", tuple(self._names))]
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.process_group)
+        ranks = dist.get_process_group_ranks(self.process_group)
+        ref = everyone[0]
+        for r, sig in zip(ranks[1:], everyone[1:]):
+            if sig == ref:
+                continue
+            for k in range(max(len(ref), len(sig))):
+                a = ref[k] if k < len(ref) else "nothing"
+                b = sig[k] if k < len(sig) else "nothing"
+                if a != b:
+                    raise RuntimeError(
+                        "minddp.DistributedDataParallel: the model differs across ranks. "
+                        f"Entry #{k}: rank {ranks[0]} has {_describe(a)} but rank {r} has "
+                        f"{_describe(b)}. Build the same model (same config, same code path) "
+                        "on every rank before wrapping it."
+                    )
+
+    def _broadcast_coalesced(self, tensors: list[torch.Tensor]) -> None:
+        """Broadcast from the group's first rank, one flat tensor per dtype/device chunk."""
+        if self.world_size == 1 or not tensors:
+            return
+        groups: dict[tuple, list[list[torch.Tensor]]] = {}
+        for t in tensors:
+            chunks = groups.setdefault((t.dtype, t.device), [[]])
+            if chunks[-1] and sum(x.nbytes for x in chunks[-1]) + t.nbytes > _BROADCAST_CHUNK_BYTES:
+                chunks.append([])
+            chunks[-1].append(t)
+        is_src = dist.get_rank() == self.src_rank
+        for chunks in groups.values():
+            for chunk in chunks:
+                flat = _flatten_dense_tensors(chunk)
+                dist.broadcast(flat, src=self.src_rank, group=self.process_group)
+                if not is_src:
+                    for t, v in zip(chunk, _unflatten_dense_tensors(flat, chunk)):
+                        t.copy_(v)
+
+    def _build_buckets(self, order: list[int]) -> None:
+        """(Re)allocate flat buffers for `order`; existing gradients move into them."""
+        assignment = assign_buckets(self._specs, order, self.bucket_cap_mb)
+        self._buckets = make_buckets(self._params, assignment, tail_numel=len(self._params))
+        self._views: list[torch.Tensor] = [None] * len(self._params)
+        self._where: list[tuple[int, int]] = [None] * len(self._params)
+        for b in self._buckets:
+            for k, i in enumerate(b.param_ids):
+                p = self._params[i]
+                view = b.view(k, p.shape)
+                self._views[i], self._where[i] = view, (b.index, k)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                    p.grad = view
+
+    # ------------------------------------------------------------------ backward
+    def _prepare_for_backward(self) -> None:
+        self._expect_sync = True
+        self._callback_queued = False
+        self._ready = [False] * len(self._params)
+        self._ready_order: list[int] = []
+        self._next_bucket = 0
+        self._t_first_launch = self._t_last_done = None
+        for b in self._buckets:
+            b.pending, b.future, b.unused = len(b.param_ids), None, []
+        self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=self.overlap)
+
+    def _make_hook(self, i: int):
+        def hook(p: torch.Tensor) -> None:
+            view = self._views[i]
+            if p.grad.data_ptr() != view.data_ptr():
+                # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
+                # allocated a fresh tensor: move it into the bucket.
+                view.copy_(p.grad)
+                p.grad = view
+            if not self._expect_sync:
+                return
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            if self._ready[i]:
+                raise RuntimeError(
+                    f"minddp: parameter {self._names[i]!r} received a gradient twice in one "
+                    "iteration. Call backward once per forward, or accumulate under no_sync()."
+                )
+            self._ready[i] = True
+            self._ready_order.append(i)
+            bucket = self._buckets[self._where[i][0]]
+            bucket.pending -= 1
+            if bucket.pending == 0 and self.overlap:
+                self._launch_complete_buckets()
+
+        return hook
+
+    def _launch_complete_buckets(self) -> None:
+        # Strictly in index order: bucket i never goes out before bucket i-1.
+        while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
+            self._launch(self._next_bucket)
+            self._next_bucket += 1
+
+    def _launch(self, b: int) -> None:
+        bucket = self._buckets[b]
+        for k, i in enumerate(bucket.param_ids):
+            if not self._ready[i]:  # unused this iteration: contribute what .grad holds, or zeros
+                p, view = self._params[i], self._views[i]
+                bucket.unused.append((i, p.grad is None))
+                if p.grad is None:
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                    p.grad = view
+        if b == len(self._buckets) - 1:
+            # Usage flags travel in the last bucket's tail, so every rank learns which
+            # parameters some rank left unused, at no extra collective. The flag is
+            # "unused here" (or "used here" with find_unused_parameters): after a
+            # sum or average, nonzero means "on some rank", in any dtype.
+            flags = torch.tensor(
+                [r == self.find_unused_parameters for r in self._ready],
+                dtype=bucket.buffer.dtype,
+            )
+            bucket.buffer[-len(self._params):].copy_(flags)
+        now = time.perf_counter()
+        if self._t_first_launch is None:
+            self._t_first_launch = now
+        grads = [self._views[i] for i in bucket.param_ids]
+        view = GradBucket(b, bucket.buffer, [self._params[i] for i in bucket.param_ids], grads,
+                          b == len(self._buckets) - 1, self.process_group, self.reduce_op,
+                          self._native_avg)
+        bucket.future = self._comm_hook(self._comm_state, view).then(self._mark_done)
+        self.comm_stats.launch_order.append(b)
+
+    def _mark_done(self, fut):
+        self._t_last_done = time.perf_counter()
+        return fut.value()
+
+    def _finish_backward(self) -> None:
+        """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
+        stats = self.comm_stats
+        stats.launched_in_backward = self._next_bucket
+        t_wait = time.perf_counter()
+        self._expect_sync = False
+        for b in range(self._next_bucket, len(self._buckets)):
+            self._launch(b)
+        self._next_bucket = len(self._buckets)
+        for bucket in self._buckets:
+            result = bucket.future.wait()
+            if result.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(result)
+        done = time.perf_counter()
+        stats.exposed_wait_s = done - t_wait
+        stats.comm_time_s = (self._t_last_done or done) - self._t_first_launch
+        stats.num_collectives = len(self._buckets)
+        stats.bytes = sum(b.grad_nbytes for b in self._buckets)
+
+        flags = self._buckets[-1].buffer[-len(self._params):] != 0
+        if self.find_unused_parameters:
+            for bucket in self._buckets:
+                for i, grad_was_none in bucket.unused:
+                    # globally used: .grad is the averaged view; globally unused: untouched
+                    if flags[i]:
+                        self._params[i].grad = self._views[i]
+                    elif grad_was_none:
+                        self._params[i].grad = None
+        elif flags.any():
+            names = [self._names[i] for i in flags.nonzero().flatten().tolist()]
+            here = [self._names[i] for i, r in enumerate(self._ready) if not r]
+            raise RuntimeError(
+                f"minddp: {len(names)} parameter(s) received no gradient on at least one rank "
+                f"in this iteration: {names} (on this rank: {here}). Every rank stopped here. "
+                "Fix: make these parameters take part in the loss on every rank, freeze them "
+                "with requires_grad_(False) if they are not trained, or wrap the model with "
+                "find_unused_parameters=True."
+            )
+        if not self._rebuilt:
+            self._rebuild_in_ready_order()
+
+    def _rebuild_in_ready_order(self) -> None:
+        """Once: re-bucket by rank 0's observed gradient-ready order (broadcast)."""
+        self._rebuilt = True
+        seen = set(self._ready_order)
+        order = self._ready_order + [i for i in reversed(range(len(self._params))) if i not in seen]
+        device = self._buckets[0].buffer.device if self._buckets else torch.device("cpu")
+        plan = torch.tensor(order, dtype=torch.int64, device=device)
+        dist.broadcast(plan, src=self.src_rank, group=self.process_group)
+        order = plan.tolist()
+        current = [i for b in self._buckets for i in b.param_ids]
+        if order != current:
+            self._build_buckets(order)
+            self.comm_stats.num_buckets = len(self._buckets)
+
+
+def _describe(entry) -> str:
+    if entry == "nothing":
+        return "no further tensor"
+    if entry[0] == "requires_grad":
+        return f"trainable parameters {list(entry[1])}"
+    kind, name, shape, dtype = entry
+    return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"
+
+
+DDP = DistributedDataParallel

@@ -1,0 +1,93 @@
+"""Run a function on N real gloo processes (fork: fast on CPU), surfacing every rank's error."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_mod
+import socket
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, world_size, port, args, queue):
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                init_method=f"tcp://127.0.0.1:{port}")
+        try:
+            # plain pickle: torch's queue pickler would share tensors through
+            # shared memory that vanishes when this process exits
+            queue.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - every rank reports its own failure
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run(fn, world_size: int, *args, timeout: float = 60.0) -> list:
+    """Run fn(rank, world_size, *args) on world_size processes; return the results by rank.
+
+    Raises with every rank's traceback if any rank fails, and on timeout (a hang)
+    names the ranks that never answered.
+    """
+    results = _run(fn, world_size, args, timeout)
+    errors = {r: v for r, (status, v) in results.items() if status != "ok"}
+    if errors:
+        raise AssertionError("\n".join(f"--- rank {r}:\n{v}" for r, v in sorted(errors.items())))
+    return [pickle.loads(results[r][1]) for r in range(world_size)]
+
+
+def run_expect_errors(fn, world_size: int, *args, timeout: float = 60.0) -> dict[int, str]:
+    """Run fn and return {rank: error text}; fails if some rank did not raise."""
+    results = _run(fn, world_size, args, timeout)
+    ok = [r for r, (status, _) in results.items() if status == "ok"]
+    assert not ok, f"ranks {ok} did not raise"
+    return {r: v for r, (_, v) in results.items()}
+
+
+def _run(fn, world_size, args, timeout):
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, queue))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(results) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(results))
+                raise AssertionError(
+                    f"timeout after {timeout}s: ranks {missing} never finished (a hang); "
+                    f"answers so far: {results}")
+            try:
+                rank, status, value = queue.get(timeout=min(left, 1.0))
+                results[rank] = (status, value)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    # a rank died without reporting (segfault, os._exit): give the rest a moment
+                    time.sleep(0.5)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results

@@ -1,0 +1,466 @@
+"""The engine against torch DDP and single-process training, on real gloo processes."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.testing import assert_close
+
+import minddp
+from tests import multiproc
+
+STEPS = 4
+B = 4  # per-rank batch
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=8, width=32, d_out=4, depth=4):
+        super().__init__()
+        dims = [d_in] + [width] * (depth - 1) + [d_out]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.tanh(x)
+        return x
+
+
+def batch(step, world_size, d_in=8, d_out=4, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world_size * B, d_in, generator=g, dtype=dtype)
+    y = torch.randn(world_size * B, d_out, generator=g, dtype=dtype)
+    return x, y
+
+
+def shard(t, rank):
+    return t[rank * B : (rank + 1) * B]
+
+
+def train(model, steps, rank, world_size, full_batch=False, momentum=0.9, accum=1):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(accum):
+            x, y = batch(step * accum + micro, world_size)
+            if not full_batch:
+                x, y = shard(x, rank), shard(y, rank)
+            last = micro == accum - 1
+            ctx = model.no_sync() if (not last and hasattr(model, "no_sync")) else _null()
+            with ctx:
+                loss = nn.functional.mse_loss(model(x), y) / accum
+                loss.backward()
+        opt.step()
+    return model
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def params_of(model):
+    m = getattr(model, "module", model)
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+def assert_same_params(a, b, atol=1e-6, rtol=1e-5):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert_close(a[n], b[n], atol=atol, rtol=rtol, msg=lambda m, n=n: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------- equivalence
+def _equivalence(rank, world_size, cap_mb, overlap):
+    torch.manual_seed(0)
+    base = MLP()
+    ours = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=cap_mb, overlap=overlap)
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap_mb)
+    train(ours, STEPS, rank, world_size)
+    train(theirs, STEPS, rank, world_size)
+    single = train(copy.deepcopy(base), STEPS, rank, world_size, full_batch=True)
+    assert_same_params(params_of(ours), params_of(theirs))
+    assert_same_params(params_of(ours), params_of(single))
+    stats = ours.comm_stats
+    assert stats.num_collectives == len(ours.bucket_assignment) == stats.num_buckets
+    assert stats.bytes == sum(p.numel() * 4 for p in base.parameters())
+    return len(ours.bucket_assignment)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("cap_mb", [1e-6, 0.002, 1000.0])
+def test_matches_torch_ddp_and_single_process(world_size, cap_mb):
+    nbuckets = multiproc.run(_equivalence, world_size, cap_mb, True)
+    n_params = len(list(MLP().parameters()))
+    expected = {1e-6: n_params, 1000.0: 1}.get(cap_mb)
+    if expected is not None:
+        assert nbuckets == [expected] * world_size
+    else:
+        assert all(1 < n < n_params for n in nbuckets)
+
+
+def test_overlap_false_gives_same_result():
+    multiproc.run(_equivalence, 2, 0.002, False)
+
+
+# -------------------------------------------------------------------- overlap
+class Deep(nn.Module):
+    """Enough work in backward that early buckets finish while later layers still compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(8))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _overlap(rank, world_size, overlap):
+    torch.manual_seed(0)
+    model = minddp.DDP(Deep(), bucket_cap_mb=0.3, overlap=overlap)
+    x = torch.randn(64, 256)
+    for _ in range(3):
+        model(x).square().mean().backward()
+    s = model.comm_stats
+    return s.num_buckets, s.launched_in_backward, s.launch_order
+
+
+def test_buckets_launch_during_backward_in_bucket_order():
+    for nb, in_backward, order in multiproc.run(_overlap, 2, True):
+        assert nb >= 4
+        assert order == list(range(nb))
+        # every bucket but those holding the last-ready gradients went out from a
+        # hook, i.e. while autograd was still computing earlier layers
+        assert in_backward == nb
+
+
+def test_overlap_false_defers_every_bucket_to_the_end():
+    for nb, in_backward, order in multiproc.run(_overlap, 2, False):
+        assert in_backward == 0 and order == list(range(nb))
+
+
+class Reversed(nn.Module):
+    """Registered in the opposite order of use: the ready order differs from the
+    reverse registration order, so buckets must be rebuilt to overlap well."""
+
+    def __init__(self):
+        super().__init__()
+        self.late = nn.Linear(16, 4)
+        self.early = nn.Linear(8, 16)
+
+    def forward(self, x):
+        return self.late(torch.tanh(self.early(x)))
+
+
+def _rebuild(rank, world_size):
+    torch.manual_seed(0)
+    model = minddp.DDP(Reversed(), bucket_cap_mb=1e-6)
+    before = model.bucket_assignment
+    x = torch.randn(4, 8)
+    launch_orders = []
+    for _ in range(3):
+        model(x).sum().backward()
+        launch_orders.append(model.comm_stats.launched_in_backward)
+    return before, model.bucket_assignment, launch_orders
+
+
+def test_buckets_rebuilt_once_in_observed_ready_order():
+    results = multiproc.run(_rebuild, 2)
+    for before, after, _ in results:
+        assert before[0] == ["early.bias"]  # reverse registration order
+        assert after[0] == ["late.bias"] or after[0] == ["late.weight"]
+        assert {n for b in after for n in b} == {n for b in before for n in b}
+    assert results[0][1] == results[1][1]  # every rank agrees on the plan
+    for *_, launched in results:
+        assert launched[-1] == 4  # after the rebuild, every bucket launches from a hook
+
+
+# ------------------------------------------------------------------- no_sync
+def _no_sync(rank, world_size):
+    torch.manual_seed(0)
+    base = MLP()
+    ours = train(minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002), 3, rank, world_size,
+                 accum=3)
+    single = train(copy.deepcopy(base), 9, rank, world_size, full_batch=True)  # not comparable
+    del single
+    # the reference: one process, each step's three micro-batches concatenated
+    ref = copy.deepcopy(base)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for step in range(3):
+        opt.zero_grad()
+        xs, ys = zip(*(batch(step * 3 + m, world_size) for m in range(3)))
+        loss = nn.functional.mse_loss(ref(torch.cat(xs)), torch.cat(ys))
+        loss.backward()
+        opt.step()
+    assert_same_params(params_of(ours), params_of(ref))
+
+
+def test_no_sync_accumulation_equals_big_batch():
+    multiproc.run(_no_sync, 2)
+
+
+# -------------------------------------------------------- unused parameters
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head_a = nn.Linear(16, 4)
+        self.head_b = nn.Linear(16, 4)
+
+    def forward(self, x, use_b=True):
+        h = torch.tanh(self.body(x))
+        out = self.head_a(h)
+        return out + self.head_b(h) if use_b else out
+
+
+def _unused_error(rank, world_size):
+    model = minddp.DDP(TwoHeads())
+    x = torch.randn(4, 8)
+    model(x, use_b=(rank != 1)).sum().backward()  # head_b unused on rank 1 only
+
+
+def test_unused_parameter_raises_on_every_rank_naming_it():
+    errors = multiproc.run_expect_errors(_unused_error, 2, timeout=60)
+    for text in errors.values():
+        assert "head_b.weight" in text and "head_b.bias" in text
+        assert "find_unused_parameters=True" in text
+
+
+def _find_unused(rank, world_size):
+    torch.manual_seed(0)
+    base = TwoHeads()
+    ours = minddp.DDP(copy.deepcopy(base), find_unused_parameters=True, bucket_cap_mb=1e-6)
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), find_unused_parameters=True)
+    results = []
+    for model in (ours, theirs):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(4):
+            opt.zero_grad()
+            x, y = batch(step, world_size)
+            # head_b: used by rank 0 only on even steps, by nobody on odd steps
+            use_b = rank == 0 and step % 2 == 0
+            nn.functional.mse_loss(model(shard(x, rank), use_b=use_b), shard(y, rank)).backward()
+            grads = {n: (p.grad is None) for n, p in model.module.named_parameters()}
+            opt.step()
+        results.append((params_of(model), grads))
+    assert_same_params(results[0][0], results[1][0])
+    assert results[0][1] == results[1][1]  # same .grad is None pattern (globally unused)
+    assert results[0][1]["head_b.weight"] is True
+
+
+def test_find_unused_parameters_matches_torch_ddp():
+    multiproc.run(_find_unused, 2)
+
+
+# ------------------------------------------- tied, frozen, mixed dtypes, buffers
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.mid = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.extra = nn.Linear(8, 8).double()
+        self.out = nn.Linear(8, 10, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+    def forward(self, idx):
+        h = torch.tanh(self.mid(self.emb(idx)))
+        h = self.frozen(h) + self.extra(h.double()).float()
+        return self.out(h)
+
+
+def _tied_frozen_mixed(rank, world_size):
+    torch.manual_seed(0)
+    base = Tied()
+    g = torch.Generator().manual_seed(7)
+    idx = torch.randint(0, 10, (world_size * B, 5), generator=g)
+    models = [minddp.DDP(copy.deepcopy(base), bucket_cap_mb=1e-4),
+              nn.parallel.DistributedDataParallel(copy.deepcopy(base)), copy.deepcopy(base)]
+    for k, model in enumerate(models):
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            data = idx if k == 2 else shard(idx, rank)
+            logits = model(data)
+            nn.functional.cross_entropy(logits.flatten(0, 1), data.flatten()).backward()
+            opt.step()
+    ours, theirs, single = (params_of(m) for m in models)
+    assert "out.weight" not in ours  # the tied weight is one parameter, reduced once
+    assert models[0].module.out.weight is models[0].module.emb.weight
+    assert_same_params(ours, theirs)
+    assert_same_params(ours, single)
+    assert_close(ours["frozen.weight"], base.frozen.weight)  # frozen stays frozen
+    assert ours["extra.weight"].dtype == torch.float64
+    assert {len({p.dtype for p in b}) for b in _bucket_params(models[0])} == {1}
+
+
+def _bucket_params(model):
+    params = dict(model.module.named_parameters())
+    return [[params[n] for n in b] for b in model.bucket_assignment]
+
+
+def test_tied_frozen_and_mixed_dtype_parameters():
+    multiproc.run(_tied_frozen_mixed, 2)
+
+
+class WithBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+def _buffers(rank, world_size, broadcast_buffers):
+    torch.manual_seed(0)
+    base = WithBN()
+    ours = minddp.DDP(copy.deepcopy(base), broadcast_buffers=broadcast_buffers)
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base),
+                                                 broadcast_buffers=broadcast_buffers)
+    for model in (ours, theirs):
+        train(model, STEPS, rank, world_size, accum=2)
+    a, b = ours.module.state_dict(), theirs.module.state_dict()
+    for k in a:
+        assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    return ours.module.bn.running_mean.clone()
+
+
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_buffers_broadcast_like_torch_ddp(broadcast_buffers):
+    means = multiproc.run(_buffers, 2, broadcast_buffers)
+    # the last forward broadcast rank 0's statistics, then each rank updated its own
+    assert not torch.equal(means[0], means[1])
+
+
+def _init_broadcast(rank, world_size):
+    torch.manual_seed(rank)  # every rank starts from different weights
+    model = MLP()
+    model.register_buffer("counter", torch.full((3,), float(rank)))
+    ddp = minddp.DDP(model)
+    flat = torch.cat([p.detach().flatten() for p in ddp.parameters()] + [model.counter])
+    everyone = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(everyone, flat)
+    torch.manual_seed(0)
+    expected = torch.cat([p.detach().flatten() for p in MLP().parameters()] + [torch.zeros(3)])
+    return all(torch.equal(e, expected) for e in everyone)
+
+
+def test_initial_parameters_and_buffers_broadcast_from_first_rank():
+    assert multiproc.run(_init_broadcast, 3) == [True] * 3
+
+
+# ----------------------------------------------- model mismatch, no hang
+def _mismatch(rank, world_size):
+    width = 32 if rank == 0 else 16
+    minddp.DDP(MLP(width=width))
+
+
+def test_model_mismatch_raises_on_every_rank():
+    errors = multiproc.run_expect_errors(_mismatch, 3, timeout=60)
+    for text in errors.values():
+        assert "differs across ranks" in text
+        assert "layers.0.weight" in text and "[32, 8]" in text and "[16, 8]" in text
+
+
+def _extra_param(rank, world_size):
+    model = MLP()
+    if rank == 1:
+        model.extra = nn.Linear(2, 2)
+    minddp.DDP(model)
+
+
+def test_extra_parameter_on_one_rank_raises_on_every_rank():
+    errors = multiproc.run_expect_errors(_extra_param, 2, timeout=60)
+    for text in errors.values():
+        assert "extra.weight" in text
+
+
+# --------------------------------------------- reduce ops, compression, hooks
+def _reduce_sum(rank, world_size):
+    torch.manual_seed(0)
+    model = minddp.DDP(MLP(), reduce_op="sum")
+    ref = minddp.DDP(copy.deepcopy(model.module))
+    x, y = batch(0, world_size)
+    for m in (model, ref):
+        nn.functional.mse_loss(m(shard(x, rank)), shard(y, rank)).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad * world_size)
+
+
+def test_reduce_op_sum():
+    multiproc.run(_reduce_sum, 3)
+
+
+def _compress(rank, world_size, compress):
+    torch.manual_seed(0)
+    base = MLP()
+    ours = train(minddp.DDP(copy.deepcopy(base), compress=compress, bucket_cap_mb=0.002),
+                 STEPS, rank, world_size)
+    exact = train(copy.deepcopy(base), STEPS, rank, world_size, full_batch=True)
+    a, b = params_of(ours), params_of(exact)
+    for n in a:
+        assert a[n].dtype == torch.float32
+        assert_close(a[n], b[n], atol=2e-2, rtol=2e-2)
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+@pytest.mark.parametrize("compress", ["fp16", "bf16"])
+def test_16_bit_compression_trains_on_gloo(compress):
+    errs = multiproc.run(_compress, 2, compress)
+    assert 0 < errs[0] < 2e-2  # compressed, so not bit-identical, but close
+
+
+def _custom_hook(rank, world_size):
+    calls = []
+
+    def hook(state, bucket):
+        state.append((bucket.index(), bucket.is_last(), len(bucket.parameters())))
+        return bucket.all_reduce(bucket.buffer())
+
+    model = minddp.DDP(MLP(), bucket_cap_mb=1e-6)
+    model.register_comm_hook(calls, hook)
+    model(torch.randn(2, 8)).sum().backward()
+    n = len(model.bucket_assignment)
+    assert [c[0] for c in calls] == list(range(n))
+    assert [c[1] for c in calls] == [False] * (n - 1) + [True]
+
+
+def test_register_comm_hook():
+    multiproc.run(_custom_hook, 2)
+
+
+# ---------------------------------------------------------------- sub-groups
+def _subgroup(rank, world_size):
+    group = dist.new_group([1, 2])  # every rank calls new_group
+    if rank == 0:
+        return None
+    torch.manual_seed(rank)  # ranks 1 and 2 start differently: rank 1 (global) wins
+    model = minddp.DDP(nn.Linear(4, 1, bias=False), process_group=group)
+    torch.manual_seed(1)
+    expected_init = nn.Linear(4, 1, bias=False).weight.detach().clone()
+    assert torch.equal(model.module.weight.detach(), expected_init)
+    x = torch.full((1, 4), float(rank))
+    model(x).sum().backward()
+    return model.module.weight.grad.clone()
+
+
+def test_process_group_reduces_over_the_subgroup_only():
+    _, g1, g2 = multiproc.run(_subgroup, 3)
+    assert torch.equal(g1, g2) and torch.equal(g1, torch.full((1, 4), 1.5))
+
+
+def test_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        minddp.DDP(nn.Linear(2, 2))
