@@ -1,8 +1,9 @@
 """Communication hooks: how one bucket of gradients is reduced.
 
-A hook has torch DDP's shape, `hook(state, bucket) -> Future[Tensor]`: it gets a
-`GradBucket` and returns a future whose value is the reduced bucket (any dtype;
-the engine copies it back into the bucket's flat buffer). Register one with
+A hook has torch DDP's shape, `hook(state, bucket) -> Future`: it gets a
+`GradBucket` and returns a future whose value is the reduced bucket, as a tensor
+or a one-element list as torch's collectives give (any dtype; the engine copies
+it back into the bucket's flat buffer). Register one with
 `DistributedDataParallel.register_comm_hook(state, hook)`.
 
 `bucket.all_reduce(t)` reduces with the engine's own group and averaging rule,
@@ -30,7 +31,11 @@ def supports_native_avg(group) -> bool:
 def all_reduce_async(
     tensor: torch.Tensor, group, reduce_op: str, native_avg: bool
 ) -> torch.futures.Future:
-    """Start an in-place all-reduce; the future's value is `tensor`, reduced."""
+    """Start an in-place all-reduce of `tensor`.
+
+    The future is torch's own (its value is `[tensor]`): no Python callback is
+    chained here, because each one costs a GIL round trip on the comm thread.
+    """
     op = dist.ReduceOp.SUM
     if reduce_op == "avg":
         if native_avg:
@@ -39,7 +44,7 @@ def all_reduce_async(
             # SUM of pre-divided values: the same average, and it cannot overflow fp16.
             tensor.div_(dist.get_world_size(group))
     work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    return work.get_future()
 
 
 @dataclass

@@ -151,7 +151,7 @@ class DistributedDataParallel(nn.Module):
             self._require_backward_grad_sync = old
 
     def register_comm_hook(self, state, hook) -> None:
-        """Replace how buckets are reduced: `hook(state, GradBucket) -> Future[Tensor]`."""
+        """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`."""
         self._comm_state, self._comm_hook = state, hook
 
     @property
@@ -265,7 +265,7 @@ class DistributedDataParallel(nn.Module):
 
     def _launch(self, b: int) -> None:
         bucket = self._buckets[b]
-        for k, i in enumerate(bucket.param_ids):
+        for i in bucket.param_ids:
             if not self._ready[i]:  # unused this iteration: contribute what .grad holds, or zeros
                 p, view = self._params[i], self._views[i]
                 bucket.unused.append((i, p.grad is None))
@@ -296,7 +296,8 @@ class DistributedDataParallel(nn.Module):
 
     def _mark_done(self, fut):
         self._t_last_done = time.perf_counter()
-        return fut.value()
+        value = fut.value()
+        return value[0] if isinstance(value, list) else value
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""

@@ -1,0 +1,46 @@
+# minddp: the commands a newcomer needs. `make train` installs (once) and trains on the defaults.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+NPROC  ?= 1
+ARGS   ?=
+export WANDB_MODE ?= offline
+STAMP  := $(VENV)/.installed
+
+.PHONY: install train test test-fast bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip >/dev/null
+	# torch is pinned in pyproject.toml (torch==2.13.0): the CPU wheel on these machines
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+# make train                 one process
+# make train NPROC=2         torchrun, 2 processes on this machine
+# make train ARGS='train.max_steps=50 model=mlp'
+train: install
+ifeq ($(NPROC),1)
+	$(BIN)/python train.py $(ARGS)
+else
+	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-outputs/$$(date +%Y-%m-%d/%H-%M-%S)} \
+	  $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+endif
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# Engine benchmark: minddp vs torch DDP (same bucket caps), overlap on/off; writes docs/bench_ddp.md
+bench: install
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp --out docs/bench_ddp.md
+
+lint: install
+	$(BIN)/ruff check minddp tests $(wildcard train.py)
+
+clean:
+	rm -rf outputs multirun wandb .pytest_cache

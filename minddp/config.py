@@ -1,0 +1,186 @@
+"""The config schema: typed dataclasses registered with Hydra's ConfigStore.
+
+The YAML files in conf/ only set values; these classes say which keys exist and
+their types, so `train.max_stepz=5` or `train.max_steps=five` fails while Hydra
+composes the config, before any process group starts. Checks that need the
+world size (batch divisibility, mesh layout) are in `validate()`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class GPTModel:
+    name: str = "gpt"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+
+
+@dataclass
+class MLPModel:
+    name: str = "mlp"
+    n_embd: int = 64
+    hidden: int = 256
+    n_layer: int = 2
+    block_size: int = 64
+
+
+@dataclass
+class TextData:
+    name: str = "text"
+    # a file or folder of text; null = the Python standard library's own .py sources
+    path: Optional[str] = None
+    max_bytes: int = 8_000_000
+    val_fraction: float = 0.05
+    cache_dir: str = "${oc.env:MINDDP_CACHE,${oc.env:HOME,/tmp}/.cache/minddp}"
+
+
+@dataclass
+class SyntheticData:
+    name: str = "synthetic"
+    num_samples: int = 4096
+    num_val: int = 256
+    modulus: int = 32  # tokens live in [0, modulus)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 20
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    global_batch_size: int = 32  # sequences per optimizer step, over all data-parallel ranks
+    micro_batch_size: int = 8  # sequences per rank per forward/backward
+    eval_every: int = 50
+    eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
+    ckpt_every: int = 100  # 0 = only at the end
+    resume: str = "none"  # none | auto | <path to a checkpoint>
+    log_every: int = 10  # plain-text progress lines when stderr is not a terminal
+    stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
+    bf16: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class DDPConfig:
+    bucket_cap_mb: float = 25.0
+    overlap: bool = True
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    reduce_op: str = "avg"
+    compress: Optional[str] = None  # null | fp16 | bf16
+
+
+@dataclass
+class MeshConfig:
+    tp: int = 1
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    project: str = "minddp"
+    group: Optional[str] = None
+    name: Optional[str] = None  # default: encodes model, world size and layout
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    data: Any = MISSING
+    optim: OptimConfig = MISSING
+    seed: int = 1337
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="minddp_schema", node=Config)
+    cs.store(group="model", name="gpt_schema", node=GPTModel)
+    cs.store(group="model", name="mlp_schema", node=MLPModel)
+    cs.store(group="data", name="text_schema", node=TextData)
+    cs.store(group="data", name="synthetic_schema", node=SyntheticData)
+    cs.store(group="optim", name="adamw_schema", node=OptimConfig)
+    register_resolvers()
+
+
+def register_resolvers() -> None:
+    """Resolvers that make every rank of one job agree on one run directory."""
+    if not OmegaConf.has_resolver("minddp.run_dir"):
+        OmegaConf.register_new_resolver("minddp.run_dir", default_run_dir)
+    if not OmegaConf.has_resolver("minddp.rank0_only"):
+        # only rank 0 writes .hydra/ (the resolved config); other ranks get null
+        OmegaConf.register_new_resolver(
+            "minddp.rank0_only", lambda v: v if os.environ.get("RANK", "0") == "0" else None)
+
+
+def default_run_dir(prefix: str = "outputs") -> str:
+    """One directory per job, the same on every rank.
+
+    Each rank resolves `${now:}` itself, so timestamps can differ by a second
+    between ranks; instead: MINDDP_RUN_DIR if set, else torchrun's run id (equal
+    on all ranks; it is --rdzv_id, e.g. the Slurm job id, on multi-node), else a
+    timestamp (one process, nothing to agree with).
+    """
+    if os.environ.get("MINDDP_RUN_DIR"):
+        return os.environ["MINDDP_RUN_DIR"]
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return f"{prefix}/run-{os.environ['TORCHELASTIC_RUN_ID']}"
+    from datetime import datetime
+
+    return f"{prefix}/{datetime.now():%Y-%m-%d/%H-%M-%S}"
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the key and the fix."""
+
+
+def validate(cfg, world_size: int) -> dict:
+    """Checks that need the world size; returns derived values. Raises ConfigError naming the fix."""
+    from .mesh import ParallelDims
+
+    try:
+        dims = ParallelDims(world_size, cfg.mesh.tp)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    t = cfg.train
+    per_step = t.micro_batch_size * dims.dp
+    if t.micro_batch_size < 1 or t.global_batch_size < 1:
+        raise ConfigError("train.global_batch_size and train.micro_batch_size must be >= 1")
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size={t.micro_batch_size} x data-parallel size {dims.dp} = {per_step}; "
+            "gradient accumulation must be a whole number of micro-batches. "
+            f"Choose a global batch that is a multiple of {per_step}."
+        )
+    if cfg.wandb.mode not in ("auto", "online", "offline", "disabled"):
+        raise ConfigError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.wandb.mode!r}")
+    if t.resume not in ("none", "auto") and not os.path.exists(t.resume):
+        raise ConfigError(f"train.resume={t.resume!r}: no such checkpoint (use none, auto or a path)")
+    if t.max_steps < 1:
+        raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
+    return {"dims": dims, "accum": t.global_batch_size // per_step}

@@ -1,0 +1,111 @@
+"""Process-group setup and teardown: who am I, which device, which backend.
+
+SPMD: one process per device. Rank, local rank and world size come from
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE), or from Slurm's
+(SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS) when `srun` starts the processes
+directly; with neither, this is a world of one and `python train.py` just works.
+The device follows LOCAL_RANK (cuda:LOCAL_RANK when CUDA is available) and the
+backend follows the device (nccl on CUDA, gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int_env(env, name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}={env[name]!r} is not an integer") from None
+
+
+def env_ranks(env=None) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's or Slurm's environment, else (0, 0, 1)."""
+    env = os.environ if env is None else env
+    torchrun = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    if any(k in env for k in torchrun):
+        missing = [k for k in torchrun if k not in env]
+        if missing:
+            raise RuntimeError(
+                f"incomplete launch environment: {', '.join(missing)} not set (found "
+                f"{', '.join(k for k in torchrun if k in env)}). Launch with torchrun, which sets "
+                "all three, or unset them to run as a single process."
+            )
+        return tuple(_int_env(env, k) for k in torchrun)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        # started by `srun python train.py` (one task per device), no torchrun
+        return (_int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_LOCALID"),
+                _int_env(env, "SLURM_NTASKS"))
+    return 0, 0, 1
+
+
+def pick_device(local_rank: int, device: str = "auto") -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda requested but CUDA is not available; use device=cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
+                "start at most one process per GPU (--nproc_per_node)"
+            )
+        return torch.device("cuda", local_rank)
+    return torch.device(device)
+
+
+def _slurm_master_addr(env) -> str:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise RuntimeError("MASTER_ADDR is not set: export MASTER_ADDR (the head node) and MASTER_PORT")
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.split()[0]
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo:
+    """Initialise the default process group (idempotent) and return who this process is."""
+    rank, local_rank, world_size = env_ranks()
+    dev = pick_device(local_rank, device)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        if world_size == 1 and "MASTER_ADDR" not in os.environ:
+            # a world of one needs no rendezvous: an in-memory store
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+        else:
+            if "MASTER_ADDR" not in os.environ:  # srun without torchrun
+                os.environ["MASTER_ADDR"] = _slurm_master_addr(os.environ)
+            if "MASTER_PORT" not in os.environ:
+                job = int(os.environ.get("SLURM_JOB_ID", "0"))
+                os.environ["MASTER_PORT"] = str(29500 + job % 1000)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    return DistInfo(rank, local_rank, world_size, dev, backend)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,114 @@
+"""Run tracking on rank 0: metrics.jsonl (always), Weights & Biases, progress.
+
+Other ranks get a `NullTracker` with the same methods, so the training loop
+has no `if rank == 0` around logging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("minddp")
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """auto: WANDB_MODE if set, online with an API key, else offline (never needs a server)."""
+    if mode != "auto":
+        return mode
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path.home() / ".netrc"
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (
+        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+    return "online" if has_key else "offline"
+
+
+def _json_safe(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class Tracker:
+    def __init__(self, run_dir, config: dict, wandb_cfg, run_name: str, total_steps: int,
+                 start_step: int = 0, log_every: int = 10):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._truncate_after(start_step)
+        self._metrics = open(self.metrics_path, "a")
+        self.mode = resolve_wandb_mode(wandb_cfg.mode)
+        self.wandb_run = None
+        if self.mode != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=wandb_cfg.project, group=wandb_cfg.group, name=run_name, mode=self.mode,
+                dir=str(self.run_dir), config=config,
+                id=_wandb_id(self.run_dir), resume="allow",  # a resumed job continues its run
+            )
+        self.interactive = sys.stderr.isatty()
+        self.log_every = max(1, log_every)
+        self.total = total_steps
+        # one bar, rank 0 only; on a non-terminal (Slurm logs) plain lines every log_every steps
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=run_name, dynamic_ncols=True,
+                        disable=not self.interactive)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop rows logged after the checkpoint: they will be logged again."""
+        if not self.metrics_path.exists():
+            return
+        rows = [line for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.metrics_path.with_suffix(".tmp")
+        tmp.write_text("".join(r + "\n" for r in rows))
+        os.replace(tmp, self.metrics_path)
+
+    def log(self, row: dict) -> None:
+        row = {k: _json_safe(v) for k, v in row.items()}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        shown = {"loss": f"{row['loss']:.4f}", "tok/s": f"{row.get('tokens_per_s', 0):.0f}"}
+        if "val_loss" in row:
+            shown["val"] = f"{row['val_loss']:.4f}"
+        if self.interactive:
+            self.bar.set_postfix(shown, refresh=False)
+            self.bar.update(1)
+        elif row["step"] % self.log_every == 0 or row["step"] == self.total or "val_loss" in row:
+            log.info(f"step {row['step']}/{self.total} " + " ".join(f"{k} {v}" for k, v in shown.items()))
+
+    def info(self, msg: str) -> None:
+        log.info(msg)  # Hydra's logging: the console and <run dir>/train.log
+
+    def close(self) -> None:
+        self.bar.close()
+        self._metrics.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """A stable run id per run directory, so a resumed job continues the same W&B run."""
+    import hashlib
+
+    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
+
+
+class NullTracker:
+    """What non-zero ranks get: the same interface, doing nothing."""
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def info(self, msg: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

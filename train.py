@@ -1,0 +1,197 @@
+"""minddp's trainer: a small GPT (or MLP) on real text, data-parallel by hand.
+
+One process:                 python train.py
+N processes on this machine: torchrun --standalone --nproc_per_node=N train.py
+Several nodes (run on every node, same command, HEAD = the first node's address):
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d \
+             --rdzv_endpoint=HEAD:29500 --rdzv_id=myjob train.py
+Any key can be overridden: train.max_steps=50 model=mlp data=synthetic ddp.bucket_cap_mb=5
+
+The global batch (train.global_batch_size sequences) is fixed; each rank runs
+global / (micro_batch_size x dp) micro-batches per step, so the loss curve does
+not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from contextlib import nullcontext
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn import functional as F
+
+from minddp import checkpoint
+from minddp.config import ConfigError, register, validate
+from minddp.data import ShardedBatches, build_datasets, evaluate
+from minddp.ddp import DistributedDataParallel
+from minddp.dist import env_ranks, init_distributed, shutdown
+from minddp.mesh import Mesh
+from minddp.model import GPT, MLP, GPTConfig, MLPConfig, num_params
+from minddp.tracking import NullTracker, Tracker
+
+register()
+log = logging.getLogger("minddp")
+
+
+def build_model(m) -> torch.nn.Module:
+    if m.name == "gpt":
+        return GPT(GPTConfig(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                             block_size=m.block_size, dropout=m.dropout, bias=m.bias))
+    return MLP(MLPConfig(n_embd=m.n_embd, hidden=m.hidden, n_layer=m.n_layer, block_size=m.block_size))
+
+
+def build_optimizer(model, o):
+    # no weight decay on biases, norms and other vectors (GPT-2 practice)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=o.lr, betas=(o.beta1, o.beta2))
+    return opt
+
+
+def lr_factor(step: int, o, max_steps: int) -> float:
+    """Linear warmup, then cosine decay from lr to min_lr at max_steps (a factor of lr)."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
+    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr
+
+
+def run_name(cfg, world_size: int, dims) -> str:
+    return cfg.wandb.name or (f"{cfg.model.name}-ws{world_size}-dp{dims.dp}-tp{dims.tp}"
+                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb:g}")
+
+
+def train(cfg: DictConfig, run_dir: str) -> None:
+    t = cfg.train
+    info = init_distributed(t.device, timeout_s=600)
+    derived = validate(cfg, info.world_size)
+    dims, accum = derived["dims"], derived["accum"]
+    mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
+    if dims.tp_enabled:
+        raise ConfigError(f"mesh.tp={dims.tp}: the tensor-parallel GPT is not available yet; use mesh.tp=1")
+    if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
+        logging.getLogger().handlers = [h for h in logging.getLogger().handlers
+                                        if not isinstance(h, logging.FileHandler)]
+        log.setLevel(logging.WARNING)
+
+    torch.manual_seed(cfg.seed)  # same initial weights everywhere (and broadcast anyway)
+    model = build_model(cfg.model).to(info.device)
+    train_set, val_set = build_datasets(cfg.data, cfg.model.block_size)
+    batches = ShardedBatches(train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size, accum,
+                             cfg.seed, info.device)
+    ckpt_path = checkpoint.latest(run_dir) if t.resume == "auto" else (
+        None if t.resume == "none" else t.resume)
+    state = checkpoint.load(ckpt_path, info.device) if ckpt_path else None
+    if state:
+        model.load_state_dict(state["model"])
+
+    d = cfg.ddp
+    ddp = DistributedDataParallel(model, process_group=mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
+                                  find_unused_parameters=d.find_unused_parameters,
+                                  broadcast_buffers=d.broadcast_buffers, overlap=d.overlap,
+                                  reduce_op=d.reduce_op, compress=d.compress)
+    opt = build_optimizer(model, cfg.optim)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
+    start = 0
+    if state:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start = state["step"]
+        torch.set_rng_state(state["rng"][info.rank % len(state["rng"])].cpu())
+
+    name = run_name(cfg, info.world_size, dims)
+    tracker = (Tracker(run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.wandb, name,
+                       t.max_steps, start, t.log_every) if info.is_main else NullTracker())
+    tracker.info(f"{name}: {num_params(model) / 1e6:.2f}M parameters, world {info.world_size} "
+                 f"({info.backend} on {info.device.type}), dp {dims.dp} x tp {dims.tp}, "
+                 f"accumulation {accum}, {len(ddp.bucket_assignment)} buckets, run dir {run_dir}"
+                 + (f", resumed from {ckpt_path} at step {start}" if state else ""))
+
+    autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=t.bf16)  # noqa: E731
+    tokens_per_step = t.global_batch_size * cfg.model.block_size
+    step = start
+    try:
+        for step in range(start + 1, t.max_steps + 1):
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=info.device)
+            micro = batches.get(step - 1)
+            for m, (x, y) in enumerate(micro):
+                # no_sync around forward *and* backward on all but the last micro-batch
+                with ddp.no_sync() if m < accum - 1 else nullcontext():
+                    with autocast():
+                        logits = ddp(x)
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / accum
+                    loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+                         if cfg.optim.grad_clip > 0 else None)
+            lr = sched.get_last_lr()[0]
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            # the logged loss is the global mean over data-parallel ranks, not rank 0's shard
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG, group=mesh.dp_group)
+            loss_value = loss_sum.item()
+            dt = time.perf_counter() - t0
+            s = ddp.comm_stats
+            row = {"step": step, "loss": loss_value, "lr": lr, "step_time_s": dt,
+                   "tokens_per_s": tokens_per_step / dt, "epoch": batches.position(step - 1)[0],
+                   "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
+                   "comm/time_s": s.comm_time_s, "comm/exposed_wait_s": s.exposed_wait_s,
+                   "comm/exposed_fraction": s.exposed_wait_s / dt}
+            if grad_norm is not None:
+                row["grad_norm"] = grad_norm.item()
+            if (t.eval_every and step % t.eval_every == 0) or step == t.max_steps:
+                row["val_loss"] = evaluate(model, val_set, mesh.dp_rank, mesh.dp_size, t.micro_batch_size,
+                                           t.eval_samples, info.device, group=mesh.dp_group,
+                                           autocast=autocast)
+            tracker.log(row)
+            stopping = t.stop_at_step is not None and step >= t.stop_at_step
+            if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
+                save_checkpoint(run_dir, step, model, opt, sched, batches, info, tracker)
+            if stopping:
+                tracker.info(f"stopping after step {step} (train.stop_at_step)")
+                break
+    finally:
+        tracker.close()
+
+
+def save_checkpoint(run_dir, step, model, opt, sched, batches, info, tracker) -> None:
+    rng = [None] * info.world_size
+    dist.all_gather_object(rng, torch.get_rng_state())  # collective first, then rank 0 writes
+    if info.is_main:
+        epoch, pos = batches.position(step)
+        path = checkpoint.save(run_dir, step, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "step": step, "epoch": epoch, "position_in_epoch": pos, "rng": rng})
+        tracker.info(f"saved {path}")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    rank = env_ranks()[0]
+    try:
+        validate(cfg, env_ranks()[2])  # config errors before any process group starts
+        train(cfg, HydraConfig.get().runtime.output_dir)
+    except ConfigError as e:
+        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
+        shutdown()
+        sys.exit(2)
+    except BaseException as e:
+        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()
