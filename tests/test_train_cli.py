@@ -1,0 +1,194 @@
+"""End to end: the real CLI under `python` and `torchrun`, reading what the runs wrote."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from tests.multiproc import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+         "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
+         "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
+
+pytestmark = pytest.mark.slow
+
+
+def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180):
+    if nproc == 1:
+        cmd = [sys.executable, str(ROOT / "train.py")]
+    else:
+        cmd = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py")]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
+    if run_dir is not None:
+        full_env["MINDDP_RUN_DIR"] = str(run_dir)
+    p = subprocess.run(cmd + list(overrides), capture_output=True, text=True, env=full_env,
+                       cwd=cwd or ROOT, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
+    return p
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_model(run_dir):
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.pt"))
+    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+
+
+def assert_same_curves(a, b, atol=2e-5):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=atol), (ra["step"], ra["loss"], rb["loss"])
+        assert ("val_loss" in ra) == ("val_loss" in rb)
+        if "val_loss" in ra:
+            assert ra["val_loss"] == pytest.approx(rb["val_loss"], abs=atol)
+
+
+def test_loss_curve_does_not_depend_on_how_the_batch_is_split(tmp_path):
+    steps = ["train.max_steps=6"]
+    run_train(tmp_path / "one", *SMALL, *steps)  # 1 process, 4 micro-batches of 4
+    run_train(tmp_path / "two", *SMALL, *steps, nproc=2)  # 2 ranks x 2 micro-batches
+    run_train(tmp_path / "two_mb2", *SMALL, *steps, "train.micro_batch_size=2", nproc=2)  # 2 x 4
+    one, two, two_mb2 = (metrics(tmp_path / d) for d in ("one", "two", "two_mb2"))
+    assert len(one) == 6 and one[-1]["loss"] < one[0]["loss"]
+    assert_same_curves(one, two)
+    assert_same_curves(one, two_mb2)
+    ref = final_model(tmp_path / "one")
+    for d in ("two", "two_mb2"):
+        got = final_model(tmp_path / d)
+        for k in ref:
+            assert_close(got[k], ref[k], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_gives_the_same_run_as_no_interruption(tmp_path):
+    args = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
+    run_train(tmp_path / "full", *args, nproc=2)
+    run_train(tmp_path / "cut", *args, "train.stop_at_step=3", nproc=2)
+    assert [r["step"] for r in metrics(tmp_path / "cut")] == [1, 2, 3]
+    p = run_train(tmp_path / "cut", *args, "train.resume=auto", nproc=2)
+    assert "resumed from" in p.stdout + p.stderr
+    full, cut = metrics(tmp_path / "full"), metrics(tmp_path / "cut")
+    assert_same_curves(full, cut, atol=1e-6)
+    a, b = final_model(tmp_path / "full"), final_model(tmp_path / "cut")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # nothing half-written is left behind
+    assert not list((tmp_path / "cut" / "checkpoints").glob(".*tmp*"))
+
+
+def test_metrics_jsonl_and_single_run_dir_written_by_rank_0(tmp_path):
+    # no MINDDP_RUN_DIR: every rank must still agree on one run directory
+    run_train(None, *SMALL, "train.max_steps=3", nproc=2, cwd=tmp_path)
+    runs = list((tmp_path / "outputs").iterdir())
+    assert len(runs) == 1, runs
+    run = runs[0]
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("loss", "lr", "step_time_s", "tokens_per_s", "comm/collectives", "comm/bytes",
+                "comm/time_s", "comm/exposed_wait_s"):
+        assert key in rows[0], key
+    assert rows[0]["comm/collectives"] >= 1 and rows[0]["comm/bytes"] > 0
+    assert "val_loss" in rows[2]  # evaluated at the end
+    assert (run / ".hydra" / "config.yaml").exists()
+    assert (run / "train.log").read_text().count("parameters, world 2") == 1  # rank 0 only
+
+
+def _wandb_records(path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = open(path, "rb").read()
+    ident, magic, _ = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B" and magic == 0xBEE1
+    pos, buf, block, hdr = 7, b"", 32768, 7
+    while pos + hdr <= len(data):
+        left = block - pos % block
+        if left < hdr:
+            pos += left
+            continue
+        _crc, n, t = struct.unpack("<IHB", data[pos:pos + hdr])
+        if t == 0 and n == 0:
+            pos += left
+            continue
+        buf += data[pos + hdr:pos + hdr + n]
+        pos += hdr + n
+        if t in (1, 4):
+            r = pb.Record()
+            r.ParseFromString(buf)
+            buf = b""
+            yield r
+
+
+def test_wandb_offline_run_holds_the_logged_metrics(tmp_path):
+    run_train(tmp_path / "run", *SMALL, "train.max_steps=3", "wandb.mode=offline",
+              "wandb.group=scaling", nproc=2)
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1  # one W&B run per job (rank 0 only)
+    history, config, run_info = [], {}, {}
+    for r in _wandb_records(files[0]):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                            for i in r.history.item})
+        elif kind == "run":
+            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+            run_info = {"group": r.run.run_group, "name": r.run.display_name}
+    logged = metrics(tmp_path / "run")
+    assert [h["_step"] for h in history] == [1, 2, 3]
+    for h, m in zip(history, logged):
+        assert h["loss"] == pytest.approx(m["loss"])
+    assert config["train"]["max_steps"] == 3 and config["model"]["n_layer"] == 2
+    assert run_info["group"] == "scaling" and "ws2" in run_info["name"]
+
+
+def test_unknown_key_fails_fast_with_a_clear_message(tmp_path):
+    p = run_train(tmp_path / "x", *SMALL, "train.max_stepz=3", check=False)
+    assert p.returncode != 0
+    assert "max_stepz" in p.stderr
+
+
+def test_wrong_type_fails_fast(tmp_path):
+    p = run_train(tmp_path / "x", *SMALL, "train.max_steps=five", check=False)
+    assert p.returncode != 0 and "max_steps" in p.stderr
+
+
+def test_indivisible_batch_fails_on_every_rank(tmp_path):
+    p = run_train(tmp_path / "x", *SMALL, "train.global_batch_size=10", nproc=2, check=False,
+                  timeout=120)
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank {rank}] minddp: configuration error: train.global_batch_size=10" in p.stderr
+    assert "multiple of 8" in p.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_multirun_sweep_single_process(tmp_path):
+    p = run_train(None, "-m", *SMALL, "train.max_steps=2", "optim.lr=0.001,0.002",
+                  "hydra.sweep.dir=" + str(tmp_path / "sweep"))
+    assert p.returncode == 0
+    lrs = []
+    for job in ("0", "1"):
+        rows = metrics(tmp_path / "sweep" / job)
+        assert [r["step"] for r in rows] == [1, 2]
+        lrs.append(rows[-1]["lr"])
+    assert lrs[1] == pytest.approx(2 * lrs[0])
+
+
+def test_text_data_from_a_folder(tmp_path):
+    run_train(tmp_path / "run", "model=mlp", "data=text", f"data.path={ROOT / 'minddp'}",
+              f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=3", "train.global_batch_size=8",
+              "train.micro_batch_size=4", "train.eval_samples=16", "wandb.mode=disabled")
+    rows = metrics(tmp_path / "run")
+    assert len(rows) == 3 and 0 < rows[0]["loss"] < 6.0 and "val_loss" in rows[-1]
+    assert list((tmp_path / "cache").glob("corpus-*.npy"))
