@@ -217,6 +217,12 @@ class DistributedDataParallel(nn.Module):
                 if p.grad is not None:
                     view.copy_(p.grad)
                     p.grad = view
+        last = len(self._buckets) - 1
+        self._grad_buckets = [  # what comm hooks see; built once per bucket layout
+            GradBucket(b.index, b.buffer, [self._params[i] for i in b.param_ids],
+                       [self._views[i] for i in b.param_ids], b.index == last, self.process_group,
+                       self.reduce_op, self._native_avg)
+            for b in self._buckets]
 
     # ------------------------------------------------------------------ backward
     def _prepare_for_backward(self) -> None:
@@ -232,11 +238,11 @@ class DistributedDataParallel(nn.Module):
 
     def _make_hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
-            view = self._views[i]
-            if p.grad.data_ptr() != view.data_ptr():
+            view, grad = self._views[i], p.grad
+            if grad is not view and grad.data_ptr() != view.data_ptr():
                 # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
                 # allocated a fresh tensor: move it into the bucket.
-                view.copy_(p.grad)
+                view.copy_(grad)
                 p.grad = view
             if not self._expect_sync:
                 return
@@ -284,14 +290,9 @@ class DistributedDataParallel(nn.Module):
                 dtype=bucket.buffer.dtype,
             )
             bucket.buffer[-len(self._params):].copy_(flags)
-        now = time.perf_counter()
         if self._t_first_launch is None:
-            self._t_first_launch = now
-        grads = [self._views[i] for i in bucket.param_ids]
-        view = GradBucket(b, bucket.buffer, [self._params[i] for i in bucket.param_ids], grads,
-                          b == len(self._buckets) - 1, self.process_group, self.reduce_op,
-                          self._native_avg)
-        bucket.future = self._comm_hook(self._comm_state, view).then(self._mark_done)
+            self._t_first_launch = time.perf_counter()
+        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b]).then(self._mark_done)
         self.comm_stats.launch_order.append(b)
 
     def _mark_done(self, fut):
