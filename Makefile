@@ -7,7 +7,9 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test test-fast bench lint clean
+.PHONY: install train sweep test test-fast bench lint clean
+# elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
 install: $(STAMP)
 
@@ -28,6 +30,12 @@ else
 	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-outputs/$$(date +%Y-%m-%d/%H-%M-%S)} \
 	  $(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 endif
+
+# make sweep SWEEP='ddp.bucket_cap_mb=1,5,25,100'   one process per job, one W&B group
+SWEEP ?= ddp.bucket_cap_mb=1,5,25,100
+sweep: install
+	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-multirun/$$(date +%Y-%m-%d/%H-%M-%S)} \
+	  $(BIN)/python train.py -m $(SWEEP) wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q

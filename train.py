@@ -34,6 +34,7 @@ from minddp.ddp import DistributedDataParallel
 from minddp.dist import env_ranks, init_distributed, shutdown
 from minddp.mesh import Mesh
 from minddp.model import GPT, MLP, GPTConfig, MLPConfig, num_params
+from minddp.signals import StopRequest
 from minddp.tracking import NullTracker, Tracker
 
 register()
@@ -116,6 +117,7 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                  f"accumulation {accum}, {len(ddp.bucket_assignment)} buckets, run dir {run_dir}"
                  + (f", resumed from {ckpt_path} at step {start}" if state else ""))
 
+    stop = StopRequest()  # SIGTERM/SIGUSR1: checkpoint at the end of this step, then exit
     autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=t.bf16)  # noqa: E731
     tokens_per_step = t.global_batch_size * cfg.model.block_size
     step = start
@@ -138,9 +140,11 @@ def train(cfg: DictConfig, run_dir: str) -> None:
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            # the logged loss is the global mean over data-parallel ranks, not rank 0's shard
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG, group=mesh.dp_group)
-            loss_value = loss_sum.item()
+            # the logged loss is the global mean over data-parallel ranks, not rank 0's shard;
+            # the stop flag rides along so that all ranks stop at the same step
+            flags = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=info.device)])
+            dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+            loss_value, stopping_by_signal = flags[0].item(), flags[1].item() > 0
             dt = time.perf_counter() - t0
             s = ddp.comm_stats
             row = {"step": step, "loss": loss_value, "lr": lr, "step_time_s": dt,
@@ -155,11 +159,12 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                                            t.eval_samples, info.device, group=mesh.dp_group,
                                            autocast=autocast)
             tracker.log(row)
-            stopping = t.stop_at_step is not None and step >= t.stop_at_step
+            stopping = stopping_by_signal or (t.stop_at_step is not None and step >= t.stop_at_step)
             if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
                 save_checkpoint(run_dir, step, model, opt, sched, batches, info, tracker)
             if stopping:
-                tracker.info(f"stopping after step {step} (train.stop_at_step)")
+                why = "a stop signal" if stopping_by_signal else "train.stop_at_step"
+                tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
                 break
     finally:
         tracker.close()

@@ -94,7 +94,7 @@ def main() -> None:
         ]
         for k, (label, cap, model) in enumerate(configs):
             ours = isinstance(model, DistributedDataParallel)
-            nb = len(model.bucket_assignment) if ours else "-"
+            nb = len(model.bucket_assignment) if ours else _torch_buckets(model)
             frac = f"{statistics.median(exposed[k]) / med[k]:.1%}" if ours else "-"
             ctime = f"{statistics.median(comm[k]) * 1e3:.1f}" if ours else "-"
             lines.append(f"| {label} | {cap:g} | {nb} | {med[k] * 1e3:.1f} | "
@@ -106,6 +106,12 @@ def main() -> None:
                 f.write("Command: `make bench` (`torchrun --standalone --nproc_per_node=2 "
                         "-m minddp.bench_ddp`)\n\n" + table + "\n")
     dist.destroy_process_group()
+
+
+def _torch_buckets(model) -> str:
+    """torch DDP's bucket count after its rebuild (from its logging data)."""
+    sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+    return str(len(sizes.split(","))) if sizes else "?"
 
 
 if __name__ == "__main__":

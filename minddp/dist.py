@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -86,6 +87,12 @@ def _slurm_master_addr(env) -> str:
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo:
     """Initialise the default process group (idempotent) and return who this process is."""
     rank, local_rank, world_size = env_ranks()
+    if (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
+        warnings.warn(
+            "torchrun restarted this worker group with the rendezvous TCPStore shared across rounds; "
+            "in torch 2.13 the new group can read the previous round's addresses and fail to connect "
+            "(pytorch#135712). Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.", stacklevel=2)
     dev = pick_device(local_rank, device)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":

@@ -1,0 +1,29 @@
+"""Graceful stop on SIGTERM (Slurm time limit, preemption, torchrun shutting down).
+
+The handler only records the signal. The training loop folds the flag into the
+per-step loss all-reduce, so every rank sees "someone was asked to stop" at the
+same step, writes the checkpoint together and exits cleanly: no rank leaves the
+loop alone while the others wait in a collective.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class StopRequest:
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1)):
+        self.signum: int | None = None
+        for s in signals:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
