@@ -203,7 +203,8 @@ def test_slurm_sweep_array_one_task_per_value(tmp_path, slurm):
     wait_job(slurm, jid, 240)
     runs = sorted((ROOT / "outputs" / f"sweep-{jid}").iterdir())
     try:
-        assert [r.name for r in runs] == ["ddp.bucket_cap_mb=0.01", "ddp.bucket_cap_mb=25"], _job_log(tmp_path)
+        names = [r.name for r in runs]
+        assert names == ["ddp.bucket_cap_mb=0.01", "ddp.bucket_cap_mb=25"], _job_log(tmp_path)
         collectives = [metrics(r)[-1]["comm/collectives"] for r in runs]
         assert collectives[0] > collectives[1] == 1  # a smaller cap, more buckets
         assert metrics(runs[0])[-1]["loss"] == pytest.approx(metrics(runs[1])[-1]["loss"], abs=2e-5)
@@ -268,7 +269,8 @@ def test_elastic_restart_after_a_killed_worker_resumes_to_the_same_result(tmp_pa
                              stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_step(run_dir, 12, 120)
-        workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+        workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                 text=True).stdout.split()
         assert len(workers) == 2, workers
         os.kill(int(workers[1]), signal.SIGKILL)
         out, _ = agent.communicate(timeout=240)
