@@ -28,12 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
 from minddp import checkpoint
+from minddp import tensor_parallel as tp
 from minddp.config import ConfigError, register, validate
 from minddp.data import ShardedBatches, build_datasets, evaluate
 from minddp.ddp import DistributedDataParallel
 from minddp.dist import env_ranks, init_distributed, shutdown
 from minddp.mesh import Mesh
-from minddp.model import GPT, MLP, GPTConfig, MLPConfig, num_params
+from minddp.model import GPT, MLP, GPTConfig, MLPConfig
 from minddp.signals import StopRequest
 from minddp.tracking import NullTracker, Tracker
 
@@ -77,23 +78,24 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     derived = validate(cfg, info.world_size)
     dims, accum = derived["dims"], derived["accum"]
     mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
-    if dims.tp_enabled:
-        raise ConfigError(f"mesh.tp={dims.tp}: the tensor-parallel GPT is not available yet; use mesh.tp=1")
     if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
         logging.getLogger().handlers = [h for h in logging.getLogger().handlers
                                         if not isinstance(h, logging.FileHandler)]
         log.setLevel(logging.WARNING)
 
     torch.manual_seed(cfg.seed)  # same initial weights everywhere (and broadcast anyway)
-    model = build_model(cfg.model).to(info.device)
+    # built whole, then sliced: a tp=2 model starts from the tp=1 model's weights
+    model = tp.parallelize_gpt(build_model(cfg.model), mesh.tp_group, mesh.tp_size, mesh.tp_rank) \
+        if dims.tp_enabled else build_model(cfg.model)
+    model = model.to(info.device)
     train_set, val_set = build_datasets(cfg.data, cfg.model.block_size)
     batches = ShardedBatches(train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size, accum,
                              cfg.seed, info.device)
     ckpt_path = checkpoint.latest(run_dir) if t.resume == "auto" else (
         None if t.resume == "none" else t.resume)
     state = checkpoint.load(ckpt_path, info.device) if ckpt_path else None
-    if state:
-        model.load_state_dict(state["model"])
+    if state:  # checkpoints hold full tensors: any layout can resume any other
+        tp.load_full_state_dict(model, state["model"], mesh.tp_size, mesh.tp_rank)
 
     d = cfg.ddp
     ddp = DistributedDataParallel(model, process_group=mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
@@ -104,7 +106,7 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
     start = 0
     if state:
-        opt.load_state_dict(state["optimizer"])
+        tp.load_full_optimizer_state(opt, state["optimizer"], mesh.tp_size, mesh.tp_rank)
         sched.load_state_dict(state["scheduler"])
         start = state["step"]
         torch.set_rng_state(state["rng"][info.rank % len(state["rng"])].cpu())
@@ -112,7 +114,8 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     name = run_name(cfg, info.world_size, dims)
     tracker = (Tracker(run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.wandb, name,
                        t.max_steps, start, t.log_every) if info.is_main else NullTracker())
-    tracker.info(f"{name}: {num_params(model) / 1e6:.2f}M parameters, world {info.world_size} "
+    full_params = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1) for p in model.parameters())
+    tracker.info(f"{name}: {full_params / 1e6:.2f}M parameters, world {info.world_size} "
                  f"({info.backend} on {info.device.type}), dp {dims.dp} x tp {dims.tp}, "
                  f"accumulation {accum}, {len(ddp.bucket_assignment)} buckets, run dir {run_dir}"
                  + (f", resumed from {ckpt_path} at step {start}" if state else ""))
@@ -134,8 +137,8 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / accum
                     loss.backward()
                 loss_sum += loss.detach()
-            grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                         if cfg.optim.grad_clip > 0 else None)
+            grad_norm = (tp.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, mesh.tp_group,
+                                            mesh.tp_size) if cfg.optim.grad_clip > 0 else None)
             lr = sched.get_last_lr()[0]
             opt.step()
             sched.step()
@@ -161,7 +164,7 @@ def train(cfg: DictConfig, run_dir: str) -> None:
             tracker.log(row)
             stopping = stopping_by_signal or (t.stop_at_step is not None and step >= t.stop_at_step)
             if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
-                save_checkpoint(run_dir, step, model, opt, sched, batches, info, tracker)
+                save_checkpoint(run_dir, step, model, opt, sched, batches, info, mesh, tracker)
             if stopping:
                 why = "a stop signal" if stopping_by_signal else "train.stop_at_step"
                 tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
@@ -170,13 +173,16 @@ def train(cfg: DictConfig, run_dir: str) -> None:
         tracker.close()
 
 
-def save_checkpoint(run_dir, step, model, opt, sched, batches, info, tracker) -> None:
+def save_checkpoint(run_dir, step, model, opt, sched, batches, info, mesh, tracker) -> None:
+    # collectives first, on every rank (full tensors gathered over tp, RNG states), then rank 0 writes
+    model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
+    opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
     rng = [None] * info.world_size
-    dist.all_gather_object(rng, torch.get_rng_state())  # collective first, then rank 0 writes
+    dist.all_gather_object(rng, torch.get_rng_state())
     if info.is_main:
         epoch, pos = batches.position(step)
         path = checkpoint.save(run_dir, step, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
             "step": step, "epoch": epoch, "position_in_epoch": pos, "rng": rng})
         tracker.info(f"saved {path}")
 

@@ -166,6 +166,15 @@ def validate(cfg, world_size: int) -> dict:
         dims = ParallelDims(world_size, cfg.mesh.tp)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if dims.tp_enabled:
+        if cfg.model.name != "gpt":
+            raise ConfigError(f"mesh.tp={dims.tp} needs model=gpt (the tensor-parallel model); "
+                              f"model={cfg.model.name} runs with mesh.tp=1")
+        try:
+            dims.check_divides(**{"model.n_head": cfg.model.n_head, "MLP width 4*model.n_embd":
+                                  4 * cfg.model.n_embd})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     t = cfg.train
     per_step = t.micro_batch_size * dims.dp
     if t.micro_batch_size < 1 or t.global_batch_size < 1:
