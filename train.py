@@ -101,7 +101,7 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     ddp = DistributedDataParallel(model, process_group=mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
                                   find_unused_parameters=d.find_unused_parameters,
                                   broadcast_buffers=d.broadcast_buffers, overlap=d.overlap,
-                                  reduce_op=d.reduce_op, compress=d.compress)
+                                  reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm)
     opt = build_optimizer(model, cfg.optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
     start = 0

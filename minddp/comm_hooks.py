@@ -13,10 +13,13 @@ so a hook only decides *what* travels. The 16-bit hooks below run on gloo too
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from . import collectives
 
 # Backends whose all-reduce implements ReduceOp.AVG natively (gloo does in torch 2.13).
 _NATIVE_AVG = {"gloo", "nccl"}
@@ -47,6 +50,49 @@ def all_reduce_async(
     return work.get_future()
 
 
+ALGORITHMS = ("native", "ring", "rs_ag", "hierarchical")
+
+
+class BucketReducer:
+    """Starts the all-reduce of one bucket and returns a future.
+
+    "native" is the library's `all_reduce(async_op=True)`. The from-scratch algorithms
+    of `minddp.collectives` are blocking, so they run on one worker thread, in
+    submission order: buckets still go out in the same order on every rank, and
+    backward keeps computing while they travel.
+    """
+
+    def __init__(self, group, reduce_op: str = "avg", algorithm: str = "native",
+                 ranks_per_node: int | None = None):
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        self.group, self.reduce_op, self.algorithm = group, reduce_op, algorithm
+        self.native_avg = supports_native_avg(group)
+        self._node_groups = (collectives.NodeGroups(group, ranks_per_node)
+                             if algorithm == "hierarchical" else None)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="minddp-comm") if algorithm != "native" else None
+
+    def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
+        if self._pool is None:
+            return all_reduce_async(tensor, self.group, self.reduce_op, self.native_avg)
+        fut = torch.futures.Future()
+
+        def run():
+            try:
+                if self.algorithm == "ring":
+                    collectives.ring_all_reduce(tensor, self.group, self.reduce_op)
+                elif self.algorithm == "rs_ag":
+                    collectives.all_reduce_via_rs_ag(tensor, self.group, self.reduce_op)
+                else:
+                    collectives.hierarchical_all_reduce(tensor, self._node_groups, self.reduce_op)
+                fut.set_result(tensor)
+            except BaseException as e:  # noqa: BLE001 - surfaced by fut.wait() on the main thread
+                fut.set_exception(e)
+
+        self._pool.submit(run)
+        return fut
+
+
 @dataclass
 class GradBucket:
     """What a hook sees of one bucket (mirrors torch's `dist.GradBucket`)."""
@@ -56,9 +102,7 @@ class GradBucket:
     _params: list[torch.Tensor]
     _grads: list[torch.Tensor]
     _is_last: bool
-    group: object
-    reduce_op: str
-    native_avg: bool
+    reducer: BucketReducer
 
     def index(self) -> int:
         return self._index
@@ -77,9 +121,13 @@ class GradBucket:
     def is_last(self) -> bool:
         return self._is_last
 
+    @property
+    def group(self):
+        return self.reducer.group
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """All-reduce `tensor` in place with the engine's group and op (avg or sum)."""
-        return all_reduce_async(tensor, self.group, self.reduce_op, self.native_avg)
+        """All-reduce `tensor` in place with the engine's group, op (avg or sum) and algorithm."""
+        return self.reducer(tensor)
 
 
 def allreduce_hook(state, bucket: GradBucket) -> torch.futures.Future:

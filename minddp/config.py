@@ -89,6 +89,7 @@ class DDPConfig:
     broadcast_buffers: bool = True
     reduce_op: str = "avg"
     compress: Optional[str] = None  # null | fp16 | bf16
+    algorithm: str = "native"  # native | ring | rs_ag | hierarchical (minddp.collectives)
 
 
 @dataclass

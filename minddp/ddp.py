@@ -31,7 +31,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .buckets import TensorSpec, assign_buckets, make_buckets
-from .comm_hooks import BUILTIN_HOOKS, GradBucket, supports_native_avg
+from .comm_hooks import BUILTIN_HOOKS, BucketReducer, GradBucket
 
 _BROADCAST_CHUNK_BYTES = 250 * 1024 * 1024
 
@@ -71,6 +71,8 @@ class DistributedDataParallel(nn.Module):
         overlap: bool = True,
         reduce_op: str = "avg",
         compress: str | None = None,
+        algorithm: str = "native",
+        ranks_per_node: int | None = None,
     ):
         super().__init__()
         if not (dist.is_available() and dist.is_initialized()):
@@ -97,7 +99,7 @@ class DistributedDataParallel(nn.Module):
         self.broadcast_buffers = broadcast_buffers
         self.overlap = overlap
         self.reduce_op = reduce_op
-        self._native_avg = supports_native_avg(self.process_group)
+        self._reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._names = [n for n, _ in named]
@@ -220,8 +222,7 @@ class DistributedDataParallel(nn.Module):
         last = len(self._buckets) - 1
         self._grad_buckets = [  # what comm hooks see; built once per bucket layout
             GradBucket(b.index, b.buffer, [self._params[i] for i in b.param_ids],
-                       [self._views[i] for i in b.param_ids], b.index == last, self.process_group,
-                       self.reduce_op, self._native_avg)
+                       [self._views[i] for i in b.param_ids], b.index == last, self._reducer)
             for b in self._buckets]
 
     # ------------------------------------------------------------------ backward

@@ -464,3 +464,21 @@ def test_process_group_reduces_over_the_subgroup_only():
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         minddp.DDP(nn.Linear(2, 2))
+
+
+# ------------------------------------------------- from-scratch algorithms
+def _algorithms(rank, world_size):
+    torch.manual_seed(0)
+    base = MLP()
+    native = train(minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002), STEPS, rank, world_size)
+    for algorithm in ("ring", "rs_ag", "hierarchical"):
+        model = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002, algorithm=algorithm,
+                           ranks_per_node=2)
+        train(model, STEPS, rank, world_size)
+        assert model.comm_stats.num_collectives == len(model.bucket_assignment) > 1
+        assert_same_params(params_of(model), params_of(native))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_algorithm_trains_like_native(world_size):
+    multiproc.run(_algorithms, world_size)

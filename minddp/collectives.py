@@ -1,0 +1,134 @@
+"""All-reduce built from smaller pieces, to see what the library does for you.
+
+- `ring_all_reduce`: the bandwidth-optimal ring from point-to-point messages only.
+  The tensor is cut into n chunks; n-1 reduce-scatter steps (each rank sends one chunk
+  to its right neighbour and adds the one from its left) leave rank i with the full sum
+  of chunk i+1; n-1 all-gather steps pass the finished chunks round. Each rank sends
+  2(n-1)/n * M bytes in 2(n-1) messages: the ring cost 2(n-1)a + 2(n-1)/n * M/b.
+- `all_reduce_via_rs_ag`: All-Reduce = Reduce-Scatter + All-Gather, with the library's
+  `reduce_scatter_tensor` and `all_gather_into_tensor`.
+- `hierarchical_all_reduce`: reduce inside each node, all-reduce among one leader per
+  node, broadcast back inside the node: the slow inter-node links carry one copy per node.
+
+All work in place on any length and any floating dtype, with op "sum" or "avg", on a
+group given by a process group (default: the world).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+OPS = ("sum", "avg")
+
+
+def _check(tensor: torch.Tensor, op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"expected a floating-point tensor, got {tensor.dtype}")
+
+
+def _chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """n contiguous views covering `flat`, sizes differing by at most one (some may be empty)."""
+    base, extra = divmod(flat.numel(), n)
+    sizes = [base + (1 if i < extra else 0) for i in range(n)]
+    return list(flat.split(sizes))
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
+    """In-place ring all-reduce from `batch_isend_irecv` (no send/recv ordering deadlock)."""
+    _check(tensor, op)
+    group = group or dist.group.WORLD
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    if n > 1:
+        ranks = dist.get_process_group_ranks(group)
+        right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        chunks = _chunks(flat, n)
+        recv = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype, device=flat.device)
+        # reduce-scatter: at step s, send chunk (me - s), receive and add chunk (me - s - 1)
+        for s in range(n - 1):
+            send_c, recv_c = chunks[(me - s) % n], chunks[(me - s - 1) % n]
+            buf = recv[: recv_c.numel()]
+            _exchange(send_c, right, buf, left, group)
+            recv_c.add_(buf)
+        # all-gather: rank me now owns the full sum of chunk (me + 1); pass finished chunks on
+        for s in range(n - 1):
+            send_c, recv_c = chunks[(me + 1 - s) % n], chunks[(me - s) % n]
+            _exchange(send_c, right, recv_c, left, group)
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view_as(tensor))
+    if op == "avg":
+        tensor.div_(n)
+    return tensor
+
+
+def _exchange(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group) -> None:
+    # An empty chunk is skipped on both ends of its link: the sender's chunk index is
+    # the receiver's, so both sides agree without talking.
+    ops = ([dist.P2POp(dist.isend, send, dst, group)] if send.numel() else []) + (
+        [dist.P2POp(dist.irecv, recv, src, group)] if recv.numel() else [])
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def all_reduce_via_rs_ag(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce as reduce-scatter then all-gather (padded to a multiple of n)."""
+    _check(tensor, op)
+    group = group or dist.group.WORLD
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    per = -(-flat.numel() // n)  # ceil
+    padded = torch.zeros(per * n, dtype=flat.dtype, device=flat.device)
+    padded[: flat.numel()] = flat
+    mine = torch.empty(per, dtype=flat.dtype, device=flat.device)
+    rop = dist.ReduceOp.SUM
+    dist.reduce_scatter_tensor(mine, padded, op=rop, group=group)
+    if op == "avg":
+        mine.div_(n)
+    dist.all_gather_into_tensor(padded, mine, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+    return tensor
+
+
+class NodeGroups:
+    """Intra-node and leader groups for a two-level topology, derived from ranks per node.
+
+    Node of a global rank = rank // ranks_per_node (torchrun numbers ranks node by node).
+    Every member of `group` constructs it; only the members of each new group take part in
+    creating it (use_local_synchronization), so `group` may be a sub-group such as dp.
+    """
+
+    def __init__(self, group=None, ranks_per_node: int | None = None):
+        group = group or dist.group.WORLD
+        k = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group)
+        nodes: dict[int, list[int]] = {}
+        for r in ranks:
+            nodes.setdefault(r // k, []).append(r)
+        me = dist.get_rank()
+        self.node_ranks = nodes[me // k]
+        self.leaders = [members[0] for members in nodes.values()]
+        self.leader = self.node_ranks[0]
+        self.size = len(ranks)
+        self.intra = dist.new_group(self.node_ranks, use_local_synchronization=True)
+        self.inter = (dist.new_group(self.leaders, use_local_synchronization=True)
+                      if me in self.leaders else None)
+
+
+def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = "sum") -> torch.Tensor:
+    """In place: reduce to the node leader, all-reduce among leaders, broadcast in the node."""
+    _check(tensor, op)
+    if len(groups.node_ranks) > 1:
+        dist.reduce(tensor, dst=groups.leader, group=groups.intra)
+    if dist.get_rank() == groups.leader and len(groups.leaders) > 1:
+        dist.all_reduce(tensor, group=groups.inter)
+    if len(groups.node_ranks) > 1:
+        dist.broadcast(tensor, src=groups.leader, group=groups.intra)
+    if op == "avg":
+        tensor.div_(groups.size)
+    return tensor
