@@ -19,6 +19,8 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
+        # a second signal (e.g. the rank is stuck in a collective) terminates as usual
+        signal.signal(signum, signal.SIG_DFL)
 
     @property
     def requested(self) -> bool:

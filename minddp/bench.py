@@ -1,0 +1,195 @@
+"""Collective benchmark in the style of NVIDIA's nccl-tests, plus an alpha-beta fit.
+
+    torchrun --standalone --nproc_per_node=2 -m minddp.bench -b 8 -e 64M -f 4 --op all_reduce
+    torchrun ... -m minddp.bench --op all          # every op, one table each
+    torchrun ... -m minddp.bench --op ring_all_reduce --csv out.csv --json out.json
+
+Columns as nccl-tests: size (bytes), count (elements), type, time (us, median of the timed
+iterations, slowest rank; nccl-tests takes the mean, which one stall on a shared VM ruins), algbw = size / time, busbw = algbw * the op's factor (all-reduce
+2(n-1)/n; reduce-scatter, all-gather, all-to-all (n-1)/n; broadcast, reduce 1), and #wrong:
+elements that differ from the closed-form result of one checked call with known inputs.
+"size" is the largest buffer involved (the input of reduce-scatter, the output of all-gather).
+Then t = ca*alpha + cb*size/beta (the op's own cost coefficients) is fitted by least
+squares, and the machine's memory-copy bandwidth is printed as the physical reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import collectives as C
+from .costmodel import busbw_factor, coefficients, parse_size
+
+OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+       "ring_all_reduce", "rs_ag_all_reduce"]
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def _setup(op: str, nbytes: int, dtype, n: int, r: int):
+    """(callable, check) for one size: check() runs one call on known inputs, returns #wrong."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    count = max(n, nbytes // esize // n * n)  # a multiple of n elements
+    x = torch.ones(count, dtype=dtype)
+    per = count // n
+    pos = torch.arange(count) % 3  # small integers: exact in every dtype
+    if op == "all_reduce":
+        fn = lambda: dist.all_reduce(x)  # noqa: E731
+        def check():
+            x.copy_(pos + r + 1)
+            fn()
+            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
+    elif op in ("ring_all_reduce", "rs_ag_all_reduce"):
+        impl = C.ring_all_reduce if op == "ring_all_reduce" else C.all_reduce_via_rs_ag
+        fn = lambda: impl(x)  # noqa: E731
+        def check():
+            x.copy_(pos + r + 1)
+            fn()
+            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
+    elif op == "reduce_scatter":
+        out = torch.empty(per, dtype=dtype)
+        fn = lambda: dist.reduce_scatter_tensor(out, x)  # noqa: E731
+        def check():
+            x.copy_(pos + r + 1)
+            fn()
+            return (out != (n * pos[r * per:(r + 1) * per] + n * (n + 1) / 2).to(dtype)).sum().item()
+    elif op == "all_gather":
+        mine = torch.empty(per, dtype=dtype)
+        fn = lambda: dist.all_gather_into_tensor(x, mine)  # noqa: E731
+        def check():
+            mine.fill_(r + 1)
+            fn()
+            return (x != (torch.arange(count) // per + 1).to(dtype)).sum().item()
+    elif op == "broadcast":
+        fn = lambda: dist.broadcast(x, src=0)  # noqa: E731
+        def check():
+            x.copy_(pos + r)
+            fn()
+            return (x != pos.to(dtype)).sum().item()
+    elif op == "reduce":
+        fn = lambda: dist.reduce(x, dst=0)  # noqa: E731
+        def check():
+            x.copy_(pos + r + 1)
+            fn()
+            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item() if r == 0 else 0
+    elif op == "all_to_all":
+        out = torch.empty_like(x)
+        fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
+        def check():
+            x.copy_(torch.arange(count) // per * 10 + r)  # block j of rank r: 10j + r
+            fn()
+            return (out != (r * 10 + torch.arange(count) // per).to(dtype)).sum().item()
+    else:
+        raise ValueError(f"unknown op {op!r}; one of {OPS}")
+    return count, fn, check
+
+
+def run_op(op, sizes, dtype, warmup, iters):
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = []
+    for nbytes in sizes:
+        count, fn, check = _setup(op, nbytes, dtype, n, r)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        for _ in range(warmup):
+            fn()
+        dist.barrier()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        # the median iteration: on a shared 2-core VM single iterations stall for milliseconds
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
+        wrong = torch.tensor([check()], dtype=torch.int64)
+        dist.all_reduce(wrong)
+        sec = t.item()
+        algbw = size / sec / 1e9
+        rows.append({"op": op, "size": size, "count": count, "type": str(dtype).removeprefix("torch."),
+                     "time_us": sec * 1e6, "algbw": algbw, "busbw": algbw * busbw_factor(op, n),
+                     "wrong": int(wrong.item())})
+    return rows
+
+
+def fit_alpha_beta(rows, n) -> tuple[float, float]:
+    """Least squares for t = ca*alpha + cb*size*(1/beta); returns (alpha s, beta bytes/s)."""
+    ca, cb = coefficients(rows[0]["op"], n)
+    A = torch.tensor([[ca, cb * r["size"]] for r in rows], dtype=torch.float64)
+    y = torch.tensor([r["time_us"] * 1e-6 for r in rows], dtype=torch.float64)
+    sol = torch.linalg.lstsq(A, y.unsqueeze(1)).solution.flatten()
+    alpha, inv_beta = sol.tolist()
+    return alpha, (1 / inv_beta if inv_beta > 0 else float("inf"))
+
+
+def memcpy_bandwidth(nbytes=256 * 2**20, reps=5) -> float:
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    return nbytes * reps / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m minddp.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64MiB"))
+    ap.add_argument("-f", "--stepfactor", type=float, default=4)
+    ap.add_argument("--op", default="all_reduce", help=f"one of {OPS}, or all")
+    ap.add_argument("-d", "--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("-w", "--warmup", type=int, default=3)
+    ap.add_argument("-n", "--iters", type=int, default=10)
+    ap.add_argument("--csv")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    sizes, s = [], int(args.minbytes)
+    while s <= args.maxbytes:
+        sizes.append(s)
+        s = max(s + 1, int(s * args.stepfactor))
+    ops = OPS if args.op == "all" else args.op.split(",")
+    all_rows = []
+    for op in ops:
+        rows = run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters)
+        all_rows += rows
+        if rank == 0:
+            print(f"\n# {op}, {n} ranks ({dist.get_backend()}), {args.warmup} warm-up + {args.iters} timed")
+            print(f"{'size':>12} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} "
+                  f"{'busbw(GB/s)':>12} {'#wrong':>7}")
+            for r in rows:
+                print(f"{r['size']:>12} {r['count']:>12} {r['type']:>9} {r['time_us']:>11.1f} "
+                      f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7}")
+            if n > 1 and len(rows) >= 2:
+                alpha, beta = fit_alpha_beta(rows, n)
+                print(f"# alpha-beta fit ({op}): alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
+    bw = memcpy_bandwidth() if rank == 0 else 0.0
+    if rank == 0:
+        print(f"\n# memory copy bandwidth (one core, 256 MiB): {bw / 1e9:.2f} GB/s")
+        if args.csv:
+            with open(args.csv, "w") as f:
+                f.write("op,size,count,type,time_us,algbw,busbw,wrong\n")
+                for r in all_rows:
+                    f.write(",".join(str(r[k]) for k in ("op", "size", "count", "type", "time_us",
+                                                         "algbw", "busbw", "wrong")) + "\n")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"world_size": n, "rows": all_rows, "memcpy_gbs": bw / 1e9}, f, indent=1)
+    bad = sum(r["wrong"] for r in all_rows)
+    dist.destroy_process_group()
+    if bad:
+        raise SystemExit(f"{bad} wrong elements")
+
+
+if __name__ == "__main__":
+    main()
