@@ -4,11 +4,13 @@
     torchrun ... -m minddp.bench --op all          # every op, one table each
     torchrun ... -m minddp.bench --op ring_all_reduce --csv out.csv --json out.json
 
-Columns as nccl-tests: size (bytes), count (elements), type, time (us, median of the timed
-iterations, slowest rank; nccl-tests takes the mean, which one stall on a shared VM ruins), algbw = size / time, busbw = algbw * the op's factor (all-reduce
-2(n-1)/n; reduce-scatter, all-gather, all-to-all (n-1)/n; broadcast, reduce 1), and #wrong:
-elements that differ from the closed-form result of one checked call with known inputs.
-"size" is the largest buffer involved (the input of reduce-scatter, the output of all-gather).
+Columns as nccl-tests: size (bytes), count (elements), type, time (us: the median of the
+timed iterations on the slowest rank; nccl-tests takes the mean, which one stall on a
+shared VM ruins), algbw = size / time, busbw = algbw * the op's factor (all-reduce
+2(n-1)/n; reduce-scatter, all-gather, all-to-all (n-1)/n; broadcast, reduce 1), and
+#wrong: elements that differ from the closed-form result of one checked call with known
+inputs. "size" is the largest buffer involved (the input of reduce-scatter, the output
+of all-gather).
 Then t = ca*alpha + cb*size/beta (the op's own cost coefficients) is fitted by least
 squares, and the machine's memory-copy bandwidth is printed as the physical reference.
 """

@@ -70,7 +70,8 @@ class BucketReducer:
         self.native_avg = supports_native_avg(group)
         self._node_groups = (collectives.NodeGroups(group, ranks_per_node)
                              if algorithm == "hierarchical" else None)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="minddp-comm") if algorithm != "native" else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="minddp-comm")
+                      if algorithm != "native" else None)
 
     def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
         if self._pool is None:
