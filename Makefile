@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench lint clean
+.PHONY: install train sweep test test-fast bench bench-collectives timeline scaling lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -46,6 +46,18 @@ test-fast: install
 # Engine benchmark: minddp vs torch DDP (same bucket caps), overlap on/off; writes docs/bench_ddp.md
 bench: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp --out docs/bench_ddp.md
+
+# nccl-tests-style sweep of every collective, alpha-beta fit, memcpy reference
+bench-collectives: install
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench --op all -e 64MiB $(ARGS)
+
+# one step with overlap on and off, per rank: docs/timeline.{json,png}
+timeline: install
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.timeline --out docs/timeline
+
+# the trainer over world sizes and bucket caps: docs/scaling.{md,png}
+scaling: install
+	$(BIN)/python -m minddp.scaling $(ARGS)
 
 lint: install
 	$(BIN)/ruff check minddp tests $(wildcard train.py)

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from minddp import checkpoint
 from minddp import tensor_parallel as tp
+from minddp import timeline
 from minddp.config import ConfigError, register, validate
 from minddp.data import ShardedBatches, build_datasets, evaluate
 from minddp.ddp import DistributedDataParallel
@@ -36,6 +37,7 @@ from minddp.dist import env_ranks, init_distributed, shutdown
 from minddp.mesh import Mesh
 from minddp.model import GPT, MLP, GPTConfig, MLPConfig
 from minddp.signals import StopRequest
+from minddp.timeline import StepTrace
 from minddp.tracking import NullTracker, Tracker
 
 register()
@@ -126,16 +128,24 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     step = start
     try:
         for step in range(start + 1, t.max_steps + 1):
+            tracer = StepTrace(ddp) if step == t.trace_step else None
             t0 = time.perf_counter()
+            if tracer:
+                tracer.start()
             loss_sum = torch.zeros((), device=info.device)
             micro = batches.get(step - 1)
             for m, (x, y) in enumerate(micro):
                 # no_sync around forward *and* backward on all but the last micro-batch
                 with ddp.no_sync() if m < accum - 1 else nullcontext():
+                    ts = time.perf_counter()
                     with autocast():
                         logits = ddp(x)
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / accum
+                    tb = time.perf_counter()
                     loss.backward()
+                if tracer:
+                    tracer.span(f"forward {m}", ts, tb)
+                    tracer.span(f"backward {m}", tb, time.perf_counter())
                 loss_sum += loss.detach()
             grad_norm = (tp.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, mesh.tp_group,
                                             mesh.tp_size) if cfg.optim.grad_clip > 0 else None)
@@ -143,6 +153,11 @@ def train(cfg: DictConfig, run_dir: str) -> None:
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if tracer:  # a collective (every rank's trace to every rank), then rank 0 writes
+                traces = {f"step {step}, overlap={d.overlap}": timeline.gather(tracer.stop())}
+                if info.is_main:
+                    tracer_files = timeline.write(traces, f"{run_dir}/trace_step{step}")
+                    log.info(f"wrote {tracer_files[0]} and {tracer_files[1]}")
             # the logged loss is the global mean over data-parallel ranks, not rank 0's shard;
             # the stop flag rides along so that all ranks stop at the same step
             flags = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=info.device)])
@@ -153,7 +168,8 @@ def train(cfg: DictConfig, run_dir: str) -> None:
             row = {"step": step, "loss": loss_value, "lr": lr, "step_time_s": dt,
                    "tokens_per_s": tokens_per_step / dt, "epoch": batches.position(step - 1)[0],
                    "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
-                   "comm/time_s": s.comm_time_s, "comm/exposed_wait_s": s.exposed_wait_s,
+                   "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
+                   "comm/exposed_wait_s": s.exposed_wait_s,
                    "comm/exposed_fraction": s.exposed_wait_s / dt}
             if grad_norm is not None:
                 row["grad_norm"] = grad_norm.item()

@@ -95,6 +95,8 @@ class Bucket:
     pending: int = 0
     future: object = None
     unused: list[int] = field(default_factory=list)
+    t_launch: float | None = None
+    t_done: float | None = None
 
     @property
     def grad_nbytes(self) -> int:

@@ -77,6 +77,7 @@ class TrainConfig:
     resume: str = "none"  # none | auto | <path to a checkpoint>
     log_every: int = 10  # plain-text progress lines when stderr is not a terminal
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
+    trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     bf16: bool = False
     device: str = "auto"  # auto | cpu | cuda
 

@@ -21,6 +21,7 @@ When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ class CommStats:
     num_collectives counts the gradient-bucket reductions (one per bucket); the
     one-off broadcast of the rebuilt bucket plan after the first iteration is
     not included. comm_time_s runs from the first bucket launch to the last
-    completion; exposed_wait_s is how long the end-of-backward callback blocked
+    completion (under overlap it spans most of backward); busy_s is the time at least
+    one bucket was in flight (the union of launch-to-completion intervals), the number
+    to compare with a cost model; exposed_wait_s is how long the end-of-backward callback blocked
     waiting for communication (the part overlap did not hide).
     """
 
@@ -51,6 +54,7 @@ class CommStats:
     num_collectives: int = 0
     bytes: int = 0
     comm_time_s: float = 0.0
+    busy_s: float = 0.0
     exposed_wait_s: float = 0.0
     launched_in_backward: int = 0
     launch_order: list[int] = field(default_factory=list)
@@ -124,6 +128,8 @@ class DistributedDataParallel(nn.Module):
         self._expect_sync = False  # this backward must reduce
         self._callback_queued = False
         self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
+        # set to a list to record (event, bucket, time) tuples: see minddp.timeline
+        self.trace: list | None = None
 
     # ----------------------------------------------------------------- public API
     def forward(self, *args, **kwargs):
@@ -234,7 +240,7 @@ class DistributedDataParallel(nn.Module):
         self._next_bucket = 0
         self._t_first_launch = self._t_last_done = None
         for b in self._buckets:
-            b.pending, b.future, b.unused = len(b.param_ids), None, []
+            b.pending, b.future, b.unused, b.t_done = len(b.param_ids), None, [], None
         self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=self.overlap)
 
     def _make_hook(self, i: int):
@@ -291,13 +297,20 @@ class DistributedDataParallel(nn.Module):
                 dtype=bucket.buffer.dtype,
             )
             bucket.buffer[-len(self._params):].copy_(flags)
+        now = time.perf_counter()
         if self._t_first_launch is None:
-            self._t_first_launch = time.perf_counter()
-        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b]).then(self._mark_done)
+            self._t_first_launch = now
+        bucket.t_launch = now
+        if self.trace is not None:
+            self.trace.append(("launch", b, now))
+        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b]).then(
+            functools.partial(self._mark_done, b))
         self.comm_stats.launch_order.append(b)
 
-    def _mark_done(self, fut):
-        self._t_last_done = time.perf_counter()
+    def _mark_done(self, b, fut):
+        self._t_last_done = self._buckets[b].t_done = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("done", b, self._t_last_done))
         value = fut.value()
         return value[0] if isinstance(value, list) else value
 
@@ -306,6 +319,8 @@ class DistributedDataParallel(nn.Module):
         stats = self.comm_stats
         stats.launched_in_backward = self._next_bucket
         t_wait = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("backward_end", None, t_wait))
         self._expect_sync = False
         for b in range(self._next_bucket, len(self._buckets)):
             self._launch(b)
@@ -315,8 +330,11 @@ class DistributedDataParallel(nn.Module):
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)
         done = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("wait_end", None, done))
         stats.exposed_wait_s = done - t_wait
         stats.comm_time_s = (self._t_last_done or done) - self._t_first_launch
+        stats.busy_s = _union_length([(b.t_launch, b.t_done or done) for b in self._buckets])
         stats.num_collectives = len(self._buckets)
         stats.bytes = sum(b.grad_nbytes for b in self._buckets)
 
@@ -355,6 +373,15 @@ class DistributedDataParallel(nn.Module):
         if order != current:
             self._build_buckets(order)
             self.comm_stats.num_buckets = len(self._buckets)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
 
 
 def _describe(entry) -> str:

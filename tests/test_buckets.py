@@ -54,3 +54,11 @@ def test_flat_buffer_views_cover_parameters_and_tail():
     v.fill_(7)
     assert buckets[1].buffer[:6].eq(7).all() and buckets[1].buffer[6:].eq(0).all()
     assert buckets[0].grad_nbytes == 9 * 4
+
+
+def test_union_of_bucket_intervals():
+    from minddp.ddp import _union_length
+
+    assert _union_length([]) == 0.0
+    assert _union_length([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == 3.0
+    assert _union_length([(0.0, 5.0), (1.0, 2.0)]) == 5.0

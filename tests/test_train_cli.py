@@ -97,7 +97,7 @@ def test_metrics_jsonl_and_single_run_dir_written_by_rank_0(tmp_path):
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in ("loss", "lr", "step_time_s", "tokens_per_s", "comm/collectives", "comm/bytes",
-                "comm/time_s", "comm/exposed_wait_s"):
+                "comm/time_s", "comm/busy_s", "comm/exposed_wait_s"):
         assert key in rows[0], key
     assert rows[0]["comm/collectives"] >= 1 and rows[0]["comm/bytes"] > 0
     assert "val_loss" in rows[2]  # evaluated at the end
@@ -192,3 +192,19 @@ def test_text_data_from_a_folder(tmp_path):
     rows = metrics(tmp_path / "run")
     assert len(rows) == 3 and 0 < rows[0]["loss"] < 6.0 and "val_loss" in rows[-1]
     assert list((tmp_path / "cache").glob("corpus-*.npy"))
+
+
+def test_overlap_timeline_of_one_step(tmp_path):
+    run_train(tmp_path / "run", *SMALL, "train.max_steps=3", "train.trace_step=2",
+              "ddp.bucket_cap_mb=0.01", nproc=2)
+    trace = json.loads((tmp_path / "run" / "trace_step2.json").read_text())["traceEvents"]
+    assert (tmp_path / "run" / "trace_step2.png").stat().st_size > 10_000
+    for rank in (0, 1):
+        mine = [e for e in trace if e["pid"] == f"rank {rank}"]
+        names = {e["name"] for e in mine}
+        assert {"forward 0", "backward 0", "forward 1", "backward 1", "exposed wait"} <= names
+        buckets = [e for e in mine if e["name"].startswith("bucket")]
+        assert len(buckets) > 1 and all(e["dur"] >= 0 for e in buckets)
+        # the buckets of the synchronised (last) micro-batch start inside its backward
+        bwd = next(e for e in mine if e["name"] == "backward 1")
+        assert bwd["ts"] <= min(e["ts"] for e in buckets) <= bwd["ts"] + bwd["dur"]
