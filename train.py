@@ -27,9 +27,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
-from minddp import checkpoint
+from minddp import checkpoint, timeline
 from minddp import tensor_parallel as tp
-from minddp import timeline
 from minddp.config import ConfigError, register, validate
 from minddp.data import ShardedBatches, build_datasets, evaluate
 from minddp.ddp import DistributedDataParallel

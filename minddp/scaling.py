@@ -73,7 +73,8 @@ def main(argv=None) -> None:
     base = {r["cap"]: r["step_s"] for r in results if r["world"] == 1}
     for r in results:
         r["efficiency"] = base[r["cap"]] / (r["world"] * r["step_s"]) if r["cap"] in base else float("nan")
-    lines = [f"Command: `make scaling` (`python -m minddp.scaling --worlds {args.worlds} --caps {args.caps}`); "
+    cmd = f"python -m minddp.scaling --worlds {args.worlds} --caps {args.caps}"
+    lines = [f"Command: `make scaling` (`{cmd}`); "
              f"W&B group `{group}`; prediction: ring all-reduce per bucket with the `{args.preset}` preset "
              f"(alpha {fab.alpha * 1e6:g} us, beta {fab.beta / 1e9:g} GB/s).", "",
              "| world | cap (MB) | buckets | step (ms) | tokens/s | efficiency | comm measured (ms) "

@@ -86,7 +86,7 @@ def render(traces: dict[str, list[dict]], png: str) -> None:
                 kind = name if name == "exposed wait" else name.split()[0]
                 ax.barh(y + 1, (e - s) * 1e3, left=s * 1e3, height=0.8, color=colors.get(kind, "#999"),
                         edgecolor="white", linewidth=0.5)
-            for i, (name, s, e) in enumerate(tr["comm"]):
+            for i, (_name, s, e) in enumerate(tr["comm"]):
                 ax.barh(y, (e - s) * 1e3, left=s * 1e3, height=0.8, color="#DD8452" if i % 2 else "#E6A157",
                         edgecolor="#805020", linewidth=0.5)
             ticks += [y, y + 1]
@@ -127,12 +127,13 @@ def main(argv=None) -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
-    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=torch.Generator().manual_seed(dist.get_rank()))
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g)
     traces = {}
     for overlap in (True, False):
         model = DistributedDataParallel(GPT(cfg), bucket_cap_mb=args.bucket_mb, overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        for step in range(3):  # two warm-up steps (the first rebuilds the buckets), one traced
+        for _ in range(3):  # two warm-up steps (the first rebuilds the buckets), one traced
             tr = StepTrace(model)
             dist.barrier()
             tr.start()

@@ -58,4 +58,5 @@ def run() -> None:
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     print_table("minimal_ddp: same parameters; median step time",
                 [f"by hand {t_manual * 1e3:.2f} ms", f"minddp {t_engine * 1e3:.2f} ms",
-                 f"{len(list(manual.parameters()))} all-reduces vs {len(engine.bucket_assignment)} bucket(s)"])
+                 f"{len(list(manual.parameters()))} all-reduces vs "
+                 f"{len(engine.bucket_assignment)} bucket(s)"])
