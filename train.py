@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import hydra
 import torch
@@ -27,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn import functional as F
 
-from minddp import checkpoint, timeline
+from minddp import checkpoint, consistency, debug, timeline
 from minddp import tensor_parallel as tp
 from minddp.config import ConfigError, register, validate
 from minddp.data import ShardedBatches, build_datasets, evaluate
@@ -75,7 +77,10 @@ def run_name(cfg, world_size: int, dims) -> str:
 
 def train(cfg: DictConfig, run_dir: str) -> None:
     t = cfg.train
-    info = init_distributed(t.device, timeout_s=600)
+    info = init_distributed(t.device, timeout_s=t.init_timeout_s)
+    fingerprints = cfg.ddp.debug or os.environ.get("MINDDP_DEBUG") == "1"
+    if t.flight_recorder or fingerprints:
+        debug.enable(record=t.flight_recorder, fingerprints=fingerprints, timeout_s=t.timeout_s)
     derived = validate(cfg, info.world_size)
     dims, accum = derived["dims"], derived["accum"]
     mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
@@ -92,11 +97,14 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     train_set, val_set = build_datasets(cfg.data, cfg.model.block_size)
     batches = ShardedBatches(train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size, accum,
                              cfg.seed, info.device)
-    ckpt_path = checkpoint.latest(run_dir) if t.resume == "auto" else (
-        None if t.resume == "none" else t.resume)
-    state = checkpoint.load(ckpt_path, info.device) if ckpt_path else None
+    ckpt_path, state = checkpoint.resolve(run_dir, t.resume, info.device)
     if state:  # checkpoints hold full tensors: any layout can resume any other
-        tp.load_full_state_dict(model, state["model"], mesh.tp_size, mesh.tp_rank)
+        try:
+            tp.load_full_state_dict(model, state["model"], mesh.tp_size, mesh.tp_rank)
+        except (RuntimeError, KeyError) as e:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ckpt_path} was written by a different model: {str(e).splitlines()[0]} "
+                f"... Use the model config it was trained with, or train.resume=none") from None
 
     d = cfg.ddp
     ddp = DistributedDataParallel(model, process_group=mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
@@ -121,10 +129,14 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                  f"accumulation {accum}, {len(ddp.bucket_assignment)} buckets, run dir {run_dir}"
                  + (f", resumed from {ckpt_path} at step {start}" if state else ""))
 
-    stop = StopRequest()  # SIGTERM/SIGUSR1: checkpoint at the end of this step, then exit
+    # set up: from now on a collective that does not complete within train.timeout_s is an error
+    for group in {None, mesh.dp_group, mesh.tp_group}:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=t.timeout_s), group)
+    # SIGTERM/SIGUSR1: dump the flight recorder, checkpoint at the end of this step, then exit
+    stop = StopRequest(on_signal=lambda: debug.dump(run_dir, "signal"))
     autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=t.bf16)  # noqa: E731
     tokens_per_step = t.global_batch_size * cfg.model.block_size
-    step = start
+    step, skipped = start, 0
     try:
         for step in range(start + 1, t.max_steps + 1):
             tracer = StepTrace(ddp) if step == t.trace_step else None
@@ -148,8 +160,21 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                 loss_sum += loss.detach()
             grad_norm = (tp.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, mesh.tp_group,
                                             mesh.tp_size) if cfg.optim.grad_clip > 0 else None)
+            # One all-reduce decides for every rank together: the global loss (the mean over
+            # data-parallel ranks, not rank 0's shard), whether someone was asked to stop, and
+            # whether any rank saw a non-finite loss or gradient (then all skip or all stop).
+            nonfinite = ~torch.isfinite(loss_sum) | (grad_norm is not None and ~torch.isfinite(grad_norm))
+            flags = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=info.device),
+                                 nonfinite.float().to(info.device)])
+            dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+            loss_value, stopping_by_signal, skip = flags[0].item(), flags[1].item() > 0, flags[2].item() > 0
             lr = sched.get_last_lr()[0]
-            opt.step()
+            if skip:
+                skipped += 1
+                log.warning(f"step {step}: non-finite loss or gradient on some rank; all ranks "
+                            f"{'skip this step' if t.on_nonfinite == 'skip' else 'stop'}")
+            else:
+                opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             if tracer:  # a collective (every rank's trace to every rank), then rank 0 writes
@@ -157,11 +182,6 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                 if info.is_main:
                     tracer_files = timeline.write(traces, f"{run_dir}/trace_step{step}")
                     log.info(f"wrote {tracer_files[0]} and {tracer_files[1]}")
-            # the logged loss is the global mean over data-parallel ranks, not rank 0's shard;
-            # the stop flag rides along so that all ranks stop at the same step
-            flags = torch.stack([loss_sum, torch.tensor(float(stop.requested), device=info.device)])
-            dist.all_reduce(flags, op=dist.ReduceOp.AVG)
-            loss_value, stopping_by_signal = flags[0].item(), flags[1].item() > 0
             dt = time.perf_counter() - t0
             s = ddp.comm_stats
             row = {"step": step, "loss": loss_value, "lr": lr, "step_time_s": dt,
@@ -172,11 +192,18 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                    "comm/exposed_fraction": s.exposed_wait_s / dt}
             if grad_norm is not None:
                 row["grad_norm"] = grad_norm.item()
+            if skipped:
+                row["skipped_steps"] = skipped
+            if t.check_every and step % t.check_every == 0:
+                consistency.check_replicas(model, mesh.dp_group)
             if (t.eval_every and step % t.eval_every == 0) or step == t.max_steps:
                 row["val_loss"] = evaluate(model, val_set, mesh.dp_rank, mesh.dp_size, t.micro_batch_size,
                                            t.eval_samples, info.device, group=mesh.dp_group,
                                            autocast=autocast)
             tracker.log(row)
+            if skip and t.on_nonfinite == "stop":
+                raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
+                                         "(train.on_nonfinite=stop); the last checkpoint is intact")
             stopping = stopping_by_signal or (t.stop_at_step is not None and step >= t.stop_at_step)
             if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
                 save_checkpoint(run_dir, step, model, opt, sched, batches, info, mesh, tracker)
@@ -204,16 +231,20 @@ def save_checkpoint(run_dir, step, model, opt, sched, batches, info, mesh, track
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    rank = env_ranks()[0]
+    run_dir = HydraConfig.get().runtime.output_dir
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     try:
         validate(cfg, env_ranks()[2])  # config errors before any process group starts
-        train(cfg, HydraConfig.get().runtime.output_dir)
-    except ConfigError as e:
-        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
+        train(cfg, run_dir)
+    except ConfigError as e:  # bad input: a clear message and exit code 2 on every rank
+        print(f"[rank {rank}] minddp: configuration error: {e}",
+              file=sys.stderr, flush=True)
         shutdown()
         sys.exit(2)
     except BaseException as e:
-        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        where = debug.dump(run_dir, f"{type(e).__name__}: {e}")
+        hint = f"\n[rank {rank}] flight recorder: {where}; python -m minddp.debug {run_dir}" if where else ""
+        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}{hint}", file=sys.stderr, flush=True)
         raise
     finally:
         shutdown()

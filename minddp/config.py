@@ -15,6 +15,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from .errors import ConfigError
+
 
 @dataclass
 class GPTModel:
@@ -80,6 +82,11 @@ class TrainConfig:
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     bf16: bool = False
     device: str = "auto"  # auto | cpu | cuda
+    init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
+    timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
+    flight_recorder: int = 2000  # last N collectives per rank, dumped on error/timeout/signal (0: off)
+    on_nonfinite: str = "skip"  # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
+    check_every: int = 0  # every N steps compare a parameter hash across dp ranks (0: off)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class DDPConfig:
     reduce_op: str = "avg"
     compress: Optional[str] = None  # null | fp16 | bf16
     algorithm: str = "native"  # native | ring | rs_ag | hierarchical (minddp.collectives)
+    debug: bool = False  # collective fingerprints: mismatches raise on every rank (or MINDDP_DEBUG=1)
 
 
 @dataclass
@@ -156,10 +164,6 @@ def default_run_dir(prefix: str = "outputs") -> str:
     return f"{prefix}/{datetime.now():%Y-%m-%d/%H-%M-%S}"
 
 
-class ConfigError(ValueError):
-    """A bad configuration: the message names the key and the fix."""
-
-
 def validate(cfg, world_size: int) -> dict:
     """Checks that need the world size; returns derived values. Raises ConfigError naming the fix."""
     from .mesh import ParallelDims
@@ -192,6 +196,11 @@ def validate(cfg, world_size: int) -> dict:
         raise ConfigError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.wandb.mode!r}")
     if t.resume not in ("none", "auto") and not os.path.exists(t.resume):
         raise ConfigError(f"train.resume={t.resume!r}: no such checkpoint (use none, auto or a path)")
+    if t.on_nonfinite not in ("skip", "stop"):
+        raise ConfigError(f"train.on_nonfinite must be skip or stop, got {t.on_nonfinite!r}")
+    if cfg.data.name == "text" and cfg.data.path is not None:
+        if not os.path.exists(cfg.data.path):
+            raise ConfigError(f"data.path={cfg.data.path!r} does not exist: give a text file or a folder")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
     return {"dims": dims, "accum": t.global_batch_size // per_step}

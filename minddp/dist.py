@@ -19,6 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -37,7 +39,7 @@ def _int_env(env, name: str) -> int:
     try:
         return int(env[name])
     except ValueError:
-        raise RuntimeError(f"environment variable {name}={env[name]!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={env[name]!r} is not an integer") from None
 
 
 def env_ranks(env=None) -> tuple[int, int, int]:
@@ -47,7 +49,7 @@ def env_ranks(env=None) -> tuple[int, int, int]:
     if any(k in env for k in torchrun):
         missing = [k for k in torchrun if k not in env]
         if missing:
-            raise RuntimeError(
+            raise ConfigError(
                 f"incomplete launch environment: {', '.join(missing)} not set (found "
                 f"{', '.join(k for k in torchrun if k in env)}). Launch with torchrun, which sets "
                 "all three, or unset them to run as a single process."

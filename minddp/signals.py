@@ -12,13 +12,16 @@ import signal
 
 
 class StopRequest:
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1)):
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1), on_signal=None):
         self.signum: int | None = None
+        self.on_signal = on_signal  # e.g. dump the flight recorder
         for s in signals:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
+        if self.on_signal:
+            self.on_signal()
         # a second signal (e.g. the rank is stuck in a collective) terminates as usual
         signal.signal(signum, signal.SIG_DFL)
 
