@@ -158,6 +158,11 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                     tracer.span(f"forward {m}", ts, tb)
                     tracer.span(f"backward {m}", tb, time.perf_counter())
                 loss_sum += loss.detach()
+            if step == t.fault_nan_step and info.rank == t.fault_nan_rank:
+                # fault injection: as if this rank's loss and gradients blew up (after the reduction,
+                # so only this rank sees it: stepping alone would silently split the replicas)
+                loss_sum.fill_(float("nan"))
+                next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
             grad_norm = (tp.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, mesh.tp_group,
                                             mesh.tp_size) if cfg.optim.grad_clip > 0 else None)
             # One all-reduce decides for every rank together: the global loss (the mean over

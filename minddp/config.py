@@ -87,6 +87,9 @@ class TrainConfig:
     flight_recorder: int = 2000  # last N collectives per rank, dumped on error/timeout/signal (0: off)
     on_nonfinite: str = "skip"  # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
     check_every: int = 0  # every N steps compare a parameter hash across dp ranks (0: off)
+    # fault injection, to rehearse the non-finite path: this rank's loss becomes NaN at this step
+    fault_nan_step: Optional[int] = None
+    fault_nan_rank: int = 0
 
 
 @dataclass

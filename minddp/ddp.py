@@ -109,6 +109,8 @@ class DistributedDataParallel(nn.Module):
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._module_buffers = list(module.buffers())
+        first = next(module.parameters(), None)
+        self._device = first.device if first is not None else torch.device("cpu")
 
         self._check_same_model_across_ranks()
         with torch.no_grad():
@@ -130,13 +132,19 @@ class DistributedDataParallel(nn.Module):
         self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
         # set to a list to record (event, bucket, time) tuples: see minddp.timeline
         self.trace: list | None = None
+        self._join: dict | None = None  # inside join(): {"divide": bool, "iters": int, "active": int}
+        self._ready_order: list[int] = []
 
     # ----------------------------------------------------------------- public API
     def forward(self, *args, **kwargs):
-        if self._require_forward_param_sync and self.broadcast_buffers and self.world_size > 1:
-            with torch.no_grad():
-                self._broadcast_coalesced(self._module_buffers)
         sync = torch.is_grad_enabled() and self._require_backward_grad_sync
+        bcast = self._require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
+        src = None
+        if self._join is not None:  # tell the ranks that ran out of data what this iteration does
+            src = self._join_exchange(1, sync, bcast)[3]
+        if bcast:
+            with torch.no_grad():
+                self._broadcast_coalesced(self._module_buffers, src=src)
         self._require_forward_param_sync = sync
         if sync:
             self._prepare_for_backward()
@@ -157,6 +165,70 @@ class DistributedDataParallel(nn.Module):
             yield
         finally:
             self._require_backward_grad_sync = old
+
+    @contextmanager
+    def join(self, divide_by_initial_world_size: bool = True):
+        """Uneven inputs (torch's `Join`): wrap the training loop; a rank that runs out of data
+        keeps shadowing the others' collectives (zeros for its gradients) until every rank is
+        done, then all ranks take the parameters of the rank that finished last.
+
+        Gradients are averaged over the initial world size (torch's default) or, with
+        divide_by_initial_world_size=False, over the ranks still training.
+        """
+        self._join = {"divide": divide_by_initial_world_size, "iters": 0, "active": self.world_size}
+        try:
+            yield
+        except BaseException:
+            self._join = None
+            raise
+        try:
+            self._shadow_until_all_joined()
+        finally:
+            self._join = None
+
+    def _join_exchange(self, active: int, sync: bool, bcast: bool) -> tuple[int, bool, bool, int]:
+        """One all-gather per forward inside join(): who still trains, does this iteration
+        reduce gradients, does it broadcast buffers, and from whom (as torch's Join: the
+        highest rank still training, since the first rank may have run out of data)."""
+        mine = torch.tensor([active, int(sync), int(bcast)], dtype=torch.int64, device=self._device)
+        every = torch.empty(self.world_size * 3, dtype=torch.int64, device=self._device)
+        dist.all_gather_into_tensor(every, mine, group=self.process_group)
+        every = every.view(self.world_size, 3)
+        ranks = dist.get_process_group_ranks(self.process_group)
+        alive = [ranks[i] for i, a in enumerate(every[:, 0].tolist()) if a]
+        self._join["active"] = len(alive)
+        if active:
+            self._join["iters"] += 1
+        return len(alive), bool(every[:, 1].any()), bool(every[:, 2].any()), max(alive, default=-1)
+
+    def _shadow_until_all_joined(self) -> None:
+        while True:
+            active, sync, bcast, src = self._join_exchange(0, False, False)
+            if active == 0:
+                break
+            if bcast:
+                with torch.no_grad():
+                    self._broadcast_coalesced(self._module_buffers, src=src)
+            if sync:  # the others reduce their gradients now: take part with zeros, in order
+                futures = []
+                for gb in self._grad_buckets:
+                    zeros = torch.zeros_like(gb.buffer())
+                    view = GradBucket(gb.index(), zeros, gb.parameters(), [], gb.is_last(), self._reducer)
+                    futures.append(self._comm_hook(self._comm_state, view))
+                for f in futures:
+                    f.wait()
+                if not self._rebuilt:  # the others rebuild after their first iteration
+                    self._ready_order = []
+                    self._rebuild_in_ready_order()
+        # everyone is done: the rank that trained longest (ties: the highest rank) has the
+        # model the others must take, as torch's Join does
+        me = dist.get_process_group_ranks(self.process_group).index(dist.get_rank())
+        key = torch.tensor([self._join["iters"] * self.world_size + me], device=self._device)
+        dist.all_reduce(key, op=dist.ReduceOp.MAX, group=self.process_group)
+        last = dist.get_process_group_ranks(self.process_group)[int(key.item()) % self.world_size]
+        with torch.no_grad():
+            self._broadcast_coalesced([p.detach() for p in self.module.parameters()], src=last)
+            self._broadcast_coalesced(self._module_buffers, src=last)
 
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`."""
@@ -192,21 +264,22 @@ class DistributedDataParallel(nn.Module):
                         "on every rank before wrapping it."
                     )
 
-    def _broadcast_coalesced(self, tensors: list[torch.Tensor]) -> None:
-        """Broadcast from the group's first rank, one flat tensor per dtype/device chunk."""
+    def _broadcast_coalesced(self, tensors: list[torch.Tensor], src: int | None = None) -> None:
+        """Broadcast from `src` (default the group's first rank), one flat tensor per dtype/device chunk."""
         if self.world_size == 1 or not tensors:
             return
+        src = self.src_rank if src is None else src
         groups: dict[tuple, list[list[torch.Tensor]]] = {}
         for t in tensors:
             chunks = groups.setdefault((t.dtype, t.device), [[]])
             if chunks[-1] and sum(x.nbytes for x in chunks[-1]) + t.nbytes > _BROADCAST_CHUNK_BYTES:
                 chunks.append([])
             chunks[-1].append(t)
-        is_src = dist.get_rank() == self.src_rank
+        is_src = dist.get_rank() == src
         for chunks in groups.values():
             for chunk in chunks:
                 flat = _flatten_dense_tensors(chunk)
-                dist.broadcast(flat, src=self.src_rank, group=self.process_group)
+                dist.broadcast(flat, src=src, group=self.process_group)
                 if not is_src:
                     for t, v in zip(chunk, _unflatten_dense_tensors(flat, chunk)):
                         t.copy_(v)
@@ -325,10 +398,14 @@ class DistributedDataParallel(nn.Module):
         for b in range(self._next_bucket, len(self._buckets)):
             self._launch(b)
         self._next_bucket = len(self._buckets)
+        rescale = (self.world_size / self._join["active"] if self._join and not self._join["divide"]
+                   and self.reduce_op == "avg" and self._join["active"] < self.world_size else None)
         for bucket in self._buckets:
             result = bucket.future.wait()
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)
+            if rescale:  # averaged over the ranks still training, not the initial world
+                bucket.buffer.mul_(rescale)
         done = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("wait_end", None, done))

@@ -70,8 +70,8 @@ class Tracker:
         os.replace(tmp, self.metrics_path)
 
     def log(self, row: dict) -> None:
-        row = {k: _json_safe(v) for k, v in row.items()}
-        self._metrics.write(json.dumps(row) + "\n")
+        safe = {k: _json_safe(v) for k, v in row.items()}  # NaN/inf -> null: valid JSON
+        self._metrics.write(json.dumps(safe) + "\n")
         self._metrics.flush()
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])

@@ -482,3 +482,37 @@ def _algorithms(rank, world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_algorithm_trains_like_native(world_size):
     multiproc.run(_algorithms, world_size)
+
+
+# ------------------------------------------------------------ uneven inputs
+def _uneven(rank, world_size, divide):
+    from torch.distributed.algorithms.join import Join
+
+    torch.manual_seed(0)
+    base = WithBN()
+    n_batches = 2 + 2 * rank  # rank 0 runs out first
+    results = []
+    for kind in ("ours", "torch"):
+        if kind == "ours":
+            model = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=1e-3)
+            ctx = model.join(divide_by_initial_world_size=divide)
+        else:
+            model = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-3)
+            ctx = Join([model], divide_by_initial_world_size=divide)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with ctx:
+            for step in range(n_batches):
+                x, y = batch(step, world_size)
+                opt.zero_grad()
+                nn.functional.mse_loss(model(shard(x, rank)), shard(y, rank)).backward()
+                opt.step()
+        results.append(model.module.state_dict())
+    for k in results[0]:
+        assert_close(results[0][k], results[1][k], atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    return results[0]["fc.weight"]
+
+
+@pytest.mark.parametrize("divide", [True, False])
+def test_join_uneven_inputs_matches_torch_join(divide):
+    w = multiproc.run(_uneven, 3, divide, timeout=90)
+    assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2])  # everyone ends with the same model

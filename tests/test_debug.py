@@ -1,0 +1,227 @@
+"""Never hang, never lose work: fingerprints, flight recorder, consistency, bad input."""
+
+import errno
+import json
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minddp import checkpoint, consistency, debug
+from minddp.dist import env_ranks
+from minddp.errors import ConfigError
+from tests import multiproc
+from tests.test_train_cli import SMALL, assert_same_curves, final_model, metrics, run_train
+
+
+# --------------------------------------------------------------- fingerprints
+def _mismatch(rank, world_size):
+    debug.enable(record=100, fingerprints=True, timeout_s=20)
+    try:
+        dist.all_reduce(torch.ones(2))  # #1 agrees
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(8), src=0)
+    finally:
+        debug.disable()
+
+
+def test_collective_mismatch_names_ranks_sequence_and_both_calls():
+    errors = multiproc.run_expect_errors(_mismatch, 2, timeout=60)
+    for text in errors.values():
+        assert "CollectiveMismatchError" in text
+        assert "rank 1 called broadcast(float32, shape [8]) at #2" in text
+        assert "rank 0 called all_reduce(float32, shape [4]) at #2" in text
+
+
+def _missing(rank, world_size):
+    debug.enable(record=100, fingerprints=True, timeout_s=2)
+    try:
+        if rank == 0:  # the forbidden conditional collective
+            dist.all_reduce(torch.ones(1))
+        else:
+            import time
+            time.sleep(4)  # rank 1 is elsewhere
+            raise RuntimeError("rank 1 took another path")
+    finally:
+        debug.disable()
+
+
+def test_a_rank_that_never_arrives_is_named_within_the_timeout():
+    errors = multiproc.run_expect_errors(_missing, 2, timeout=60)
+    assert "rank(s) [1] did not reach collective #1 within 2s" in errors[0]
+
+
+def test_zero_cost_when_off():
+    original = dist.all_reduce
+    debug.enable(record=10)
+    assert dist.all_reduce is not original
+    debug.disable()
+    assert dist.all_reduce is original
+
+
+# ------------------------------------------------------------ flight recorder
+def _hang(rank, world_size, run_dir):
+    short = dist.new_group(timeout=timedelta(seconds=2))
+    debug.enable(record=50)
+    try:
+        for _ in range(3):
+            dist.all_reduce(torch.ones(3), group=short)
+        if rank == 0:
+            dist.all_reduce(torch.ones(5), group=short)  # rank 1 never comes: times out
+    except RuntimeError as e:
+        debug.dump(run_dir, f"{type(e).__name__}")
+        return "timed out"
+    finally:
+        if rank == 1:
+            debug.dump(run_dir, "moved on")
+        debug.disable()
+    return "done"
+
+
+def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path):
+    assert multiproc.run(_hang, 2, str(tmp_path), timeout=60) == ["timed out", "done"]
+    dumps = {p.name: json.loads(p.read_text()) for p in (tmp_path / "flight_recorder").iterdir()}
+    assert set(dumps) == {"rank0.json", "rank1.json"}
+    assert dumps["rank0.json"]["entries"][-1]["state"] != "completed"
+    out = subprocess.run([sys.executable, "-m", "minddp.debug", str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "rank 0: STUCK in #4 all_reduce(float32, shape [5])" in out
+    assert "rank 1: last #3 all_reduce(float32, shape [3]) completed: never called #4" in out
+
+
+# ---------------------------------------------------------------- consistency
+def _diverge(rank, world_size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    consistency.check_replicas(model)  # identical: passes
+    if rank == 1:
+        with torch.no_grad():
+            model[1].bias[0] += 1e-6
+    consistency.check_replicas(model)
+
+
+def test_replica_divergence_names_the_parameter_on_every_rank():
+    errors = multiproc.run_expect_errors(_diverge, 2, timeout=60)
+    for text in errors.values():
+        assert "parameter '1.bias' differs between rank 0 and rank(s) [1]" in text
+
+
+# ------------------------------------------------------------ checkpoints
+def test_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, 1, {"model": {}, "optimizer": {}, "scheduler": {}, "step": 1})
+
+    def disk_full(obj, f):
+        f.write(b"partial data")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(checkpoint.CheckpointError, match="No space left on device.*previous checkpoint is intact"):
+        checkpoint.save(tmp_path, 2, {"model": {}, "optimizer": {}, "scheduler": {}, "step": 2})
+    monkeypatch.undo()
+    assert [p.name for p in checkpoint.all_checkpoints(tmp_path)] == ["ckpt_00000001.pt"]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if "tmp" in p.name]
+    assert checkpoint.load(checkpoint.latest(tmp_path), "cpu")["step"] == 1
+
+
+def test_incomplete_torchrun_environment_is_named():
+    with pytest.raises(ConfigError, match="LOCAL_RANK, WORLD_SIZE not set"):
+        env_ranks({"RANK": "0"})
+    assert env_ranks({}) == (0, 0, 1)
+    assert env_ranks({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
+                      "SLURM_STEP_ID": "0"}) == (3, 1, 4)
+
+
+# ------------------------------------------------------- end to end (slow)
+ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
+
+
+@pytest.mark.slow
+def test_truncated_checkpoint_is_named_and_the_previous_one_used(tmp_path):
+    run_train(tmp_path / "ref", *ARGS)
+    run_train(tmp_path / "run", *ARGS, "train.stop_at_step=4")
+    ckpt = tmp_path / "run" / "checkpoints" / "ckpt_00000004.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated on disk
+    p = run_train(tmp_path / "run", *ARGS, "train.resume=auto")
+    assert f"checkpoint {ckpt} is unreadable" in p.stdout + p.stderr
+    assert "resumed from" in p.stdout + p.stderr and "ckpt_00000002.pt" in p.stdout + p.stderr
+    assert_same_curves(metrics(tmp_path / "run"), metrics(tmp_path / "ref"), atol=1e-6)
+    # an explicit path to a broken checkpoint is refused, clearly, with exit code 2
+    ckpt.write_bytes(b"garbage")
+    p = run_train(tmp_path / "x", *ARGS, f"train.resume={ckpt}", check=False)
+    assert p.returncode == 2 and "unreadable (truncated or corrupt)" in p.stderr
+
+
+@pytest.mark.slow
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    run_train(tmp_path / "run", *ARGS, "train.max_steps=2")
+    p = run_train(tmp_path / "run", *ARGS, "train.resume=auto", "model.n_embd=32", check=False)
+    assert p.returncode == 2 and "was written by a different model" in p.stderr
+
+
+@pytest.mark.slow
+def test_missing_data_path_and_partial_env_fail_fast(tmp_path):
+    p = run_train(tmp_path / "x", "data=text", "data.path=/no/such/dir", "wandb.mode=disabled", check=False)
+    assert p.returncode == 2 and "data.path='/no/such/dir' does not exist" in p.stderr
+    p = run_train(tmp_path / "y", *ARGS, check=False, env={"RANK": "0"})
+    assert p.returncode == 2 and "LOCAL_RANK, WORLD_SIZE not set" in p.stderr
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_makes_every_rank_skip_together(tmp_path):
+    run_train(tmp_path / "run", *ARGS, "train.fault_nan_step=3", "train.fault_nan_rank=1",
+              "train.check_every=1", nproc=2)
+    rows = metrics(tmp_path / "run")
+    assert rows[2]["loss"] is None and rows[2]["skipped_steps"] == 1  # NaN, logged as null
+    assert all(r["loss"] is not None for r in rows[3:])  # replicas stayed equal: checked every step
+    p = run_train(tmp_path / "stop", *ARGS, "train.fault_nan_step=3", "train.on_nonfinite=stop",
+                  nproc=2, check=False)
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank {rank}] minddp: FloatingPointError: non-finite loss or gradient at step 3" in p.stderr
+    assert checkpoint.load(checkpoint.latest(tmp_path / "stop"), "cpu")["step"] == 2
+
+
+@pytest.mark.slow
+def test_debug_fingerprints_on_a_real_run(tmp_path):
+    run_train(tmp_path / "on", *ARGS, "ddp.debug=true", nproc=2)
+    run_train(tmp_path / "off", *ARGS, nproc=2)
+    assert_same_curves(metrics(tmp_path / "on"), metrics(tmp_path / "off"), atol=0)
+    a, b = final_model(tmp_path / "on"), final_model(tmp_path / "off")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_killed_rank_fails_the_job_fast_naming_it_and_leaves_a_loadable_checkpoint(tmp_path):
+    import os
+    import signal
+    import time
+
+    from tests.multiproc import free_port
+    from tests.test_launch import LONG, _env, _wait_for_step
+    from tests.test_train_cli import BIN, ROOT
+
+    run_dir = tmp_path / "run"
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *LONG, "train.ckpt_every=1"]
+    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_step(run_dir, 6, 120)
+        workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+        t0 = time.monotonic()
+        os.kill(int(workers[1]), signal.SIGKILL)  # mid-step, maybe mid-checkpoint
+        out, _ = agent.communicate(timeout=120)
+        elapsed = time.monotonic() - t0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode != 0 and elapsed < 60, (elapsed, out[-3000:])
+    assert "local_rank: 1" in out and "exitcode: -9" in out  # the dead rank, named
+    state = checkpoint.load(checkpoint.latest(run_dir), "cpu")  # the newest checkpoint is whole
+    assert state["step"] >= 5
