@@ -121,7 +121,8 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(checkpoint.CheckpointError, match="No space left on device.*previous checkpoint is intact"):
+    full = "No space left on device.*previous checkpoint is intact"
+    with pytest.raises(checkpoint.CheckpointError, match=full):
         checkpoint.save(tmp_path, 2, {"model": {}, "optimizer": {}, "scheduler": {}, "step": 2})
     monkeypatch.undo()
     assert [p.name for p in checkpoint.all_checkpoints(tmp_path)] == ["ckpt_00000001.pt"]
@@ -213,7 +214,8 @@ def test_killed_rank_fails_the_job_fast_naming_it_and_leaves_a_loadable_checkpoi
                              stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_step(run_dir, 6, 120)
-        workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+        workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                 text=True).stdout.split()
         t0 = time.monotonic()
         os.kill(int(workers[1]), signal.SIGKILL)  # mid-step, maybe mid-checkpoint
         out, _ = agent.communicate(timeout=120)
