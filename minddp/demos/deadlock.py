@@ -1,14 +1,19 @@
 """The forbidden conditional collective, `if rank == 0: all_reduce(...)`, and the fix.
 
-Rank 0 waits for partners that never come. With no timeout that is a silent hang; here
-the group has a short timeout, so the hang becomes a clear error on rank 0 in seconds.
-The corrected version calls the collective on every rank and branches afterwards.
+Rank 0 waits for partners that never come. With no timeout that is a silent hang.
+1. minddp's fingerprints (minddp.debug) compare every collective before it runs: the
+   others' next collective (a barrier) does not match rank 0's all_reduce, and every rank
+   raises an error naming both calls, at once.
+2. Without them, a short group timeout turns the hang into an error on rank 0.
+3. The corrected version calls the collective on every rank and branches afterwards.
 """
 
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from minddp import debug
 
 from .common import print_table
 
@@ -17,6 +22,20 @@ TIMEOUT_S = 3
 
 def run() -> None:
     r = dist.get_rank()
+    debug.enable(record=100, fingerprints=True, timeout_s=30)
+    fingerprint_error = ""
+    try:
+        if r == 0:  # WRONG
+            dist.all_reduce(torch.ones(1))
+        dist.barrier()
+    except debug.CollectiveMismatchError as e:
+        fingerprint_error = str(e)
+    finally:
+        debug.disable()
+    assert "called all_reduce" in fingerprint_error and "called barrier" in fingerprint_error
+    print_table("deadlock with minddp fingerprints: every rank gets the error at once",
+                [fingerprint_error[:150]])
+
     short = dist.new_group(timeout=timedelta(seconds=TIMEOUT_S))  # every rank creates it
     t = torch.ones(1)
     caught = ""
