@@ -516,3 +516,20 @@ def _uneven(rank, world_size, divide):
 def test_join_uneven_inputs_matches_torch_join(divide):
     w = multiproc.run(_uneven, 3, divide, timeout=90)
     assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2])  # everyone ends with the same model
+
+
+def _avg_fallback(rank, world_size):
+    from minddp import comm_hooks
+
+    comm_hooks._NATIVE_AVG.clear()  # as on a backend without ReduceOp.AVG: pre-divide + SUM
+    torch.manual_seed(0)
+    base = MLP()
+    model = minddp.DDP(copy.deepcopy(base))
+    assert not model._reducer.native_avg
+    train(model, STEPS, rank, world_size)
+    single = train(copy.deepcopy(base), STEPS, rank, world_size, full_batch=True)
+    assert_same_params(params_of(model), params_of(single))
+
+
+def test_sum_then_divide_when_the_backend_has_no_avg():
+    multiproc.run(_avg_fallback, 3)

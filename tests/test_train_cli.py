@@ -208,3 +208,10 @@ def test_overlap_timeline_of_one_step(tmp_path):
         # the buckets of the synchronised (last) micro-batch start inside its backward
         bwd = next(e for e in mine if e["name"] == "backward 1")
         assert bwd["ts"] <= min(e["ts"] for e in buckets) <= bwd["ts"] + bwd["dur"]
+
+
+def test_bf16_autocast_trains(tmp_path):
+    run_train(tmp_path / "run", *SMALL, "train.max_steps=4", "train.bf16=true", nproc=2)
+    rows = metrics(tmp_path / "run")
+    assert all(r["loss"] is not None and r["loss"] < 6 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"]

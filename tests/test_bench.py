@@ -1,0 +1,72 @@
+"""The collective benchmark checks every result, and the scaling study runs end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minddp.bench import OPS, fit_alpha_beta, run_op
+from minddp.costmodel import busbw_factor
+from tests import multiproc
+from tests.test_train_cli import BIN, ROOT
+
+
+def _all_ops(rank, world_size):
+    out = {}
+    for op in OPS:
+        rows = run_op(op, [8, 1000, 70_000], torch.float32, warmup=1, iters=2)
+        for r in rows:
+            assert r["wrong"] == 0, r
+            assert r["busbw"] == pytest.approx(r["algbw"] * busbw_factor(op, world_size))
+        out[op] = rows
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_op_is_checked_and_correct(world_size):
+    rows = multiproc.run(_all_ops, world_size, timeout=120)[0]
+    alpha, beta = fit_alpha_beta(rows["all_reduce"], world_size)
+    assert beta > 0
+
+
+def test_wrong_results_are_counted():
+    from minddp import bench
+
+    def _broken(rank, world_size):
+        count, fn, check = bench._setup("all_reduce", 64, torch.float32, world_size, rank)
+        original = torch.distributed.all_reduce
+        try:
+            torch.distributed.all_reduce = lambda t, *a, **k: None  # a collective that does nothing
+            return check()
+        finally:
+            torch.distributed.all_reduce = original
+
+    wrong = multiproc.run(_broken, 2)
+    assert wrong[0] > 0
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_writes_json(tmp_path):
+    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "minddp.bench",
+                        "-b", "1K", "-e", "64K", "-f", "8", "--op", "all_reduce,all_to_all",
+                        "--json", str(tmp_path / "out.json")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "alpha-beta fit (all_reduce)" in p.stdout and "memory copy bandwidth" in p.stdout
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["world_size"] == 2 and {r["op"] for r in data["rows"]} == {"all_reduce", "all_to_all"}
+
+
+@pytest.mark.slow
+def test_scaling_study_smoke(tmp_path):
+    out = tmp_path / "scaling"
+    p = subprocess.run([sys.executable, "-m", "minddp.scaling", "--worlds", "1,2", "--caps", "25",
+                        "--steps", "4", "--warmup", "1", "--out", str(out), "data=synthetic",
+                        "model.n_layer=1", "wandb.mode=disabled"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table = (tmp_path / "scaling.md").read_text()
+    assert table.count("\n| ") >= 3 and "comm predicted" in table
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
