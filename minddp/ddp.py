@@ -322,6 +322,10 @@ class DistributedDataParallel(nn.Module):
             if grad is not view and grad.data_ptr() != view.data_ptr():
                 # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
                 # allocated a fresh tensor: move it into the bucket.
+                if grad.is_sparse:
+                    raise RuntimeError(
+                        f"minddp: parameter {self._names[i]!r} has a sparse gradient (e.g. "
+                        "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
                 view.copy_(grad)
                 p.grad = view
             if not self._expect_sync:
