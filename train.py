@@ -218,6 +218,9 @@ def train(cfg: DictConfig, run_dir: str) -> None:
                 break
     finally:
         tracker.close()
+    # leave together: a rank that tears down its process group while a peer is still in
+    # a collective makes gloo's connection threads abort the peer at exit
+    dist.barrier()
 
 
 def save_checkpoint(run_dir, step, model, opt, sched, batches, info, mesh, tracker) -> None:

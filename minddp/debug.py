@@ -107,10 +107,9 @@ def _wrap(name, original):
             entry["state"] = "failed"
             raise
         if kwargs.get("async_op") and result is not None:
-            def done(fut, entry=entry):
-                entry["end"], entry["state"] = time.time(), "completed"
-                return fut.value()
-            result.get_future().then(done)
+            # no callback on the comm thread (it could outlive the process group at exit):
+            # the work is polled when the recorder is dumped
+            entry["work"] = result
         else:
             entry["end"], entry["state"] = time.time(), "completed"
         return result
@@ -160,9 +159,16 @@ def dump(run_dir, reason: str = "") -> Path | None:
     d = Path(run_dir) / "flight_recorder"
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"rank{rank}.json"
+    entries = []
+    for e in list(rec):
+        e = dict(e)
+        work = e.pop("work", None)
+        if work is not None and e["state"] == "started" and work.is_completed():
+            e["state"] = "completed"  # async: finished, end time not observed
+        entries.append(e)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"rank": rank, "reason": reason, "time": time.time(),
-                               "entries": list(rec)}, indent=0))
+                               "entries": entries}, indent=0))
     os.replace(tmp, path)
     return path
 
