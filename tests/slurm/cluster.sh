@@ -25,6 +25,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# A requeued job waits cred_expire+1 s before it may start again (the old job's credential
+# must expire first); Slurm's default is 120 s, too long for a test.
+AuthInfo=cred_expire=10
 SlurmctldPort=6817
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/%n
