@@ -14,6 +14,7 @@ not depend on the number of processes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -46,10 +47,9 @@ log = logging.getLogger("minddp")
 
 
 def build_model(m) -> torch.nn.Module:
-    if m.name == "gpt":
-        return GPT(GPTConfig(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                             block_size=m.block_size, dropout=m.dropout, bias=m.bias))
-    return MLP(MLPConfig(n_embd=m.n_embd, hidden=m.hidden, n_layer=m.n_layer, block_size=m.block_size))
+    """The model for a `model=` config group (its schema is the model's own config + name)."""
+    cls, cfg_cls = (GPT, GPTConfig) if m.name == "gpt" else (MLP, MLPConfig)
+    return cls(cfg_cls(**{f.name: m[f.name] for f in dataclasses.fields(cfg_cls)}))
 
 
 def build_optimizer(model, o):

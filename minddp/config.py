@@ -16,26 +16,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from .errors import ConfigError
+from .model import GPTConfig, MLPConfig
 
 
+# The model schemas are the models' own config dataclasses plus the group's name.
 @dataclass
-class GPTModel:
+class GPTModel(GPTConfig):
     name: str = "gpt"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
-    bias: bool = True
 
 
 @dataclass
-class MLPModel:
+class MLPModel(MLPConfig):
     name: str = "mlp"
-    n_embd: int = 64
-    hidden: int = 256
-    n_layer: int = 2
-    block_size: int = 64
 
 
 @dataclass
