@@ -35,7 +35,7 @@ from minddp import tensor_parallel as tp
 from minddp.config import ConfigError, register, validate
 from minddp.data import ShardedBatches, build_datasets, evaluate
 from minddp.ddp import DistributedDataParallel
-from minddp.dist import env_ranks, init_distributed, shutdown
+from minddp.dist import env_ranks, init_distributed, shutdown, wait_for_peers
 from minddp.mesh import Mesh
 from minddp.model import GPT, MLP, GPTConfig, MLPConfig
 from minddp.signals import StopRequest
@@ -245,8 +245,8 @@ def main(cfg: DictConfig) -> None:
         validate(cfg, env_ranks()[2])  # config errors before any process group starts
         train(cfg, run_dir)
     except ConfigError as e:  # bad input: a clear message and exit code 2 on every rank
-        print(f"[rank {rank}] minddp: configuration error: {e}",
-              file=sys.stderr, flush=True)
+        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
+        wait_for_peers(f"minddp/config_error/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
         shutdown()
         sys.exit(2)
     except BaseException as e:

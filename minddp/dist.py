@@ -118,3 +118,28 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wait_for_peers(key: str, timeout_s: float = 30.0) -> None:
+    """Before exiting on an error every rank hits (a bad config), wait until all ranks have
+    reported it, so torchrun does not kill the slower ranks before they print their own
+    message. Uses the process group's store, or torchrun's; gives up after timeout_s."""
+    import time
+    from datetime import timedelta
+
+    _, _, world = env_ranks()
+    if world <= 1 or "MASTER_ADDR" not in os.environ:
+        return
+    try:
+        if dist.is_initialized():
+            store = dist.distributed_c10d._get_default_store()
+        else:  # before init_process_group: torchrun's store (or rank 0 hosts one)
+            host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ.get("RANK") == "0"
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                  is_master=host, timeout=timedelta(seconds=timeout_s))
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add(key, 0) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - best effort: never turn an error report into a hang
+        pass
