@@ -127,10 +127,10 @@ def wait_for_peers(key: str, timeout_s: float = 30.0) -> None:
     import time
     from datetime import timedelta
 
-    _, _, world = env_ranks()
-    if world <= 1 or "MASTER_ADDR" not in os.environ:
-        return
     try:
+        _, _, world = env_ranks()
+        if world <= 1 or "MASTER_ADDR" not in os.environ:
+            return
         if dist.is_initialized():
             store = dist.distributed_c10d._get_default_store()
         else:  # before init_process_group: torchrun's store (or rank 0 hosts one)
