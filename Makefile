@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench bench-collectives timeline scaling lint clean
+.PHONY: install train sweep test test-fast bench bench-collectives timeline scaling gpu-check lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -58,6 +58,10 @@ timeline: install
 # the trainer over world sizes and bucket caps: docs/scaling.{md,png}
 scaling: install
 	$(BIN)/python -m minddp.scaling $(ARGS)
+
+# on a CUDA machine: nccl, device from LOCAL_RANK, gradients vs torch DDP, bf16 (not run by make test)
+gpu-check: install
+	$(BIN)/torchrun --standalone --nproc_per_node=$$(nvidia-smi -L | wc -l) scripts/gpu_check.py
 
 lint: install
 	$(BIN)/ruff check minddp tests $(wildcard train.py)
