@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -17,6 +18,8 @@ from omegaconf import MISSING, OmegaConf
 
 from .errors import ConfigError
 from .model import GPTConfig, MLPConfig
+
+_PROCESS_START = datetime.now()
 
 
 # The model schemas are the models' own config dataclasses plus the group's name.
@@ -154,9 +157,9 @@ def default_run_dir(prefix: str = "outputs") -> str:
         return os.environ["MINDDP_RUN_DIR"]
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         return f"{prefix}/run-{os.environ['TORCHELASTIC_RUN_ID']}"
-    from datetime import datetime
-
-    return f"{prefix}/{datetime.now():%Y-%m-%d/%H-%M-%S}"
+    # the process start time, not "now": Hydra resolves the sweep dir again for every job
+    # of a -m sweep, and all of them belong in one folder
+    return f"{prefix}/{_PROCESS_START:%Y-%m-%d/%H-%M-%S}"
 
 
 def validate(cfg, world_size: int) -> dict:

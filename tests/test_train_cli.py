@@ -215,3 +215,10 @@ def test_bf16_autocast_trains(tmp_path):
     rows = metrics(tmp_path / "run")
     assert all(r["loss"] is not None and r["loss"] < 6 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
+
+
+def test_multirun_jobs_share_one_sweep_dir_by_default(tmp_path):
+    run_train(None, "-m", *SMALL, "train.max_steps=1", "optim.lr=0.001,0.002,0.003", cwd=tmp_path)
+    root = tmp_path / "multirun"
+    found = sorted(p.relative_to(root) for p in root.rglob("metrics.jsonl"))
+    assert len(found) == 3 and len({p.parent.parent for p in found}) == 1, found
