@@ -64,7 +64,7 @@ gpu-check: install
 	$(BIN)/torchrun --standalone --nproc_per_node=$$(nvidia-smi -L | wc -l) scripts/gpu_check.py
 
 lint: install
-	$(BIN)/ruff check minddp tests $(wildcard train.py)
+	$(BIN)/ruff check minddp tests scripts train.py
 
 clean:
 	rm -rf outputs multirun wandb .pytest_cache
