@@ -128,6 +128,7 @@ class DistributedDataParallel(nn.Module):
         self._require_backward_grad_sync = True  # False inside no_sync()
         self._require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self._expect_sync = False  # this backward must reduce
+        self._reduced_since_forward = False  # a second backward of one forward is an error
         self._callback_queued = False
         self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
         # set to a list to record (event, bucket, time) tuples: see minddp.timeline
@@ -139,6 +140,7 @@ class DistributedDataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         sync = torch.is_grad_enabled() and self._require_backward_grad_sync
         bcast = self._require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
+        self._reduced_since_forward = False
         src = None
         if self._join is not None:  # tell the ranks that ran out of data what this iteration does
             src = self._join_exchange(1, sync, bcast)[3]
@@ -329,6 +331,10 @@ class DistributedDataParallel(nn.Module):
                 view.copy_(grad)
                 p.grad = view
             if not self._expect_sync:
+                if self._reduced_since_forward:
+                    raise RuntimeError(
+                        "minddp: backward ran again after this forward's gradients were already "
+                        "reduced; run a forward before each backward, or accumulate under no_sync()")
                 return
             if not self._callback_queued:
                 self._callback_queued = True
@@ -395,6 +401,7 @@ class DistributedDataParallel(nn.Module):
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
         stats = self.comm_stats
         stats.launched_in_backward = self._next_bucket
+        self._reduced_since_forward = True
         t_wait = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("backward_end", None, t_wait))

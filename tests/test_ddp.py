@@ -533,3 +533,16 @@ def _avg_fallback(rank, world_size):
 
 def test_sum_then_divide_when_the_backend_has_no_avg():
     multiproc.run(_avg_fallback, 3)
+
+
+def _backward_twice(rank, world_size):
+    model = minddp.DDP(MLP())
+    loss = model(torch.randn(2, 8)).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()  # the second backward would leave unsynchronised gradients
+
+
+def test_second_backward_of_one_forward_raises():
+    errors = multiproc.run_expect_errors(_backward_twice, 2, timeout=60)
+    for text in errors.values():
+        assert "backward ran again" in text
