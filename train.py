@@ -39,7 +39,6 @@ from minddp.dist import env_ranks, init_distributed, shutdown, wait_for_peers
 from minddp.mesh import Mesh
 from minddp.model import GPT, MLP, GPTConfig, MLPConfig
 from minddp.signals import StopRequest
-from minddp.timeline import StepTrace
 from minddp.tracking import NullTracker, Tracker
 
 register()
@@ -139,7 +138,7 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     step, skipped = start, 0
     try:
         for step in range(start + 1, t.max_steps + 1):
-            tracer = StepTrace(ddp) if step == t.trace_step else None
+            tracer = timeline.StepTrace(ddp) if step == t.trace_step else None
             t0 = time.perf_counter()
             if tracer:
                 tracer.start()

@@ -94,7 +94,7 @@ class Bucket:
     # filled per iteration by the engine
     pending: int = 0
     future: object = None
-    unused: list[int] = field(default_factory=list)
+    unused: list[tuple[int, bool]] = field(default_factory=list)  # (param, grad was None)
     t_launch: float | None = None
     t_done: float | None = None
 

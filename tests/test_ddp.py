@@ -189,8 +189,6 @@ def _no_sync(rank, world_size):
     base = MLP()
     ours = train(minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002), 3, rank, world_size,
                  accum=3)
-    single = train(copy.deepcopy(base), 9, rank, world_size, full_batch=True)  # not comparable
-    del single
     # the reference: one process, each step's three micro-batches concatenated
     ref = copy.deepcopy(base)
     opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
