@@ -71,7 +71,7 @@ def lr_factor(step: int, o, max_steps: int) -> float:
 
 def run_name(cfg, world_size: int, dims) -> str:
     return cfg.wandb.name or (f"{cfg.model.name}-ws{world_size}-dp{dims.dp}-tp{dims.tp}"
-                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb:g}")
+                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb or 25:g}")
 
 
 def train(cfg: DictConfig, run_dir: str) -> None:
@@ -109,7 +109,8 @@ def train(cfg: DictConfig, run_dir: str) -> None:
     ddp = DistributedDataParallel(model, process_group=mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
                                   find_unused_parameters=d.find_unused_parameters,
                                   broadcast_buffers=d.broadcast_buffers, overlap=d.overlap,
-                                  reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm)
+                                  reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm,
+                                  strict_bucket_cap=d.strict_bucket_cap)
     opt = build_optimizer(model, cfg.optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
     start = 0

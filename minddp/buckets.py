@@ -3,14 +3,17 @@
 Pure logic, no process groups: which parameters share a bucket, and the flat
 buffer each bucket owns. The engine (ddp.py) launches one collective per bucket.
 
-Rules (those of torch DDP's reducer, with a strict cap):
+Rules (torch DDP's reducer, `compute_bucket_assignment_by_size`, so a cap copied
+from a torch DDP config gives the same buckets):
 - parameters are taken in the order given (the engine passes reverse
   registration order first, then the observed gradient-ready order);
 - one dtype and one device per bucket;
-- the first bucket of each (dtype, device) is capped small (1 MiB by default) so
-  that communication starts as early as possible in backward;
-- a bucket never exceeds its cap, except a single tensor larger than the cap,
-  which gets a bucket of its own;
+- a bucket closes once it *reaches* its limit, so buckets are at least the cap
+  (except the last of each dtype); `strict=True` instead never lets a bucket
+  exceed the cap (a single larger tensor gets a bucket of its own);
+- the limits are [first_cap, cap, cap, ...]: torch uses a 1 MiB first bucket
+  only when no cap is given (`bucket_cap_mb=None`: 25 MiB after a 1 MiB
+  first bucket); with an explicit cap every bucket, the first too, gets it;
 - buckets are ordered by the position of their first parameter, so bucket 0
   holds the gradients that become ready first.
 """
@@ -22,7 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 MiB = 1024 * 1024
-FIRST_BUCKET_CAP_MB = 1.0
+FIRST_BUCKET_CAP_MB = 1.0  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
+DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,22 @@ class TensorSpec:
         return cls(t.numel(), t.dtype, t.device)
 
 
+def bucket_limits(cap_mb: float | None, first_cap_mb: float | None = None) -> tuple[int, int]:
+    """(first bucket, later buckets) in bytes, as torch DDP derives them from bucket_cap_mb."""
+    if cap_mb is not None and cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {cap_mb}")
+    cap = int((DEFAULT_BUCKET_CAP_MB if cap_mb is None else cap_mb) * MiB)
+    if first_cap_mb is None:
+        first_cap_mb = FIRST_BUCKET_CAP_MB if cap_mb is None else cap / MiB
+    return min(cap, int(first_cap_mb * MiB)), cap
+
+
 def assign_buckets(
     specs: list[TensorSpec],
     order: list[int],
-    cap_mb: float,
-    first_cap_mb: float = FIRST_BUCKET_CAP_MB,
+    cap_mb: float | None,
+    first_cap_mb: float | None = None,
+    strict: bool = False,
 ) -> list[list[int]]:
     """Group tensor indices into buckets.
 
@@ -54,27 +69,28 @@ def assign_buckets(
     expected to become ready (a permutation of a subset of indices).
     Returns a list of buckets, each a list of tensor indices in `order` order.
     """
-    if cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be positive, got {cap_mb}")
-    cap = int(cap_mb * MiB)
-    first_cap = min(cap, int(first_cap_mb * MiB))
+    first_cap, cap = bucket_limits(cap_mb, first_cap_mb)
     open_buckets: dict[tuple, list[int]] = {}
     open_bytes: dict[tuple, int] = {}
     closed_per_key: dict[tuple, int] = {}
     done: list[list[int]] = []
 
+    def close(key):
+        done.append(open_buckets.pop(key))
+        open_bytes[key] = 0
+        closed_per_key[key] = closed_per_key.get(key, 0) + 1
+
     for i in order:
         s = specs[i]
         key = (s.dtype, s.device)
         limit = first_cap if closed_per_key.get(key, 0) == 0 else cap
-        cur = open_buckets.setdefault(key, [])
-        if cur and open_bytes[key] + s.nbytes > limit:
-            done.append(cur)
-            closed_per_key[key] = closed_per_key.get(key, 0) + 1
-            cur = open_buckets[key] = []
-            open_bytes[key] = 0
-        cur.append(i)
+        if strict and open_buckets.get(key) and open_bytes[key] + s.nbytes > limit:
+            close(key)  # strict: close *before* the cap would be exceeded
+            limit = cap
+        open_buckets.setdefault(key, []).append(i)
         open_bytes[key] = open_bytes.get(key, 0) + s.nbytes
+        if not strict and open_bytes[key] >= limit:
+            close(key)  # torch: close once the cap is reached
     done.extend(b for b in open_buckets.values() if b)
 
     position = {i: p for p, i in enumerate(order)}

@@ -89,7 +89,10 @@ class TrainConfig:
 
 @dataclass
 class DDPConfig:
-    bucket_cap_mb: float = 25.0
+    # torch DDP's meaning: a bucket closes once it reaches the cap; null = torch's default
+    # (25 MiB after a 1 MiB first bucket)
+    bucket_cap_mb: Optional[float] = None
+    strict_bucket_cap: bool = False  # minddp's alternative: a bucket never exceeds the cap
     overlap: bool = True
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True

@@ -3,7 +3,9 @@
 Life of one iteration (a forward outside `no_sync()`, then `loss.backward()`):
 
 1. forward: broadcast buffers from the group's first rank (if asked), reset the
-   per-iteration state, run the module.
+   per-iteration state, run the module. A forward that will not be followed by a
+   synchronised backward (under `torch.no_grad()`/`inference_mode()`, or with
+   `require_backward_grad_sync=False`) leaves a pending backward alone, as torch's does.
 2. backward: autograd accumulates each gradient straight into its bucket's flat
    buffer (`param.grad` is a view of it). A post-accumulate hook marks the
    parameter ready; once bucket i and every bucket before it are complete,
@@ -17,24 +19,38 @@ Life of one iteration (a forward outside `no_sync()`, then `loss.backward()`):
    (rank 0's order, broadcast).
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
+
+torch-DDP-compatible attributes a training script may set or read:
+- `require_backward_grad_sync`: False makes the next forward/backward accumulate
+  locally (what `no_sync()` toggles; nanoGPT and llm.c set it per micro-step);
+- `require_forward_param_sync`: whether the next forward broadcasts buffers
+  (set by each forward, torch's rule);
+- `module`, `process_group`, `bucket_cap_mb`, `find_unused_parameters`,
+  `broadcast_buffers`, `no_sync()`, `join()`, `register_comm_hook()`.
+`bucket_cap_mb` means what it means in torch DDP: a bucket closes once it reaches
+the cap; `None` (the default) is 25 MiB after a 1 MiB first bucket.
+`strict_bucket_cap=True` is minddp's alternative: a bucket never exceeds the cap.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from .buckets import TensorSpec, assign_buckets, make_buckets
+from . import _compat
+from .buckets import TensorSpec, assign_buckets, bucket_limits, make_buckets
 from .comm_hooks import BUILTIN_HOOKS, BucketReducer, GradBucket
 
 _BROADCAST_CHUNK_BYTES = 250 * 1024 * 1024
+# module -> weakref to the live minddp wrapper that owns its hooks (a second wrapper is an error)
+_OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -52,7 +68,7 @@ class CommStats:
 
     num_buckets: int = 0
     num_collectives: int = 0
-    bytes: int = 0
+    bytes: int = 0  # on the wire: 16-bit sizes under compress=fp16/bf16
     comm_time_s: float = 0.0
     busy_s: float = 0.0
     exposed_wait_s: float = 0.0
@@ -69,7 +85,7 @@ class DistributedDataParallel(nn.Module):
         module: nn.Module,
         *,
         process_group=None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
         overlap: bool = True,
@@ -77,6 +93,7 @@ class DistributedDataParallel(nn.Module):
         compress: str | None = None,
         algorithm: str = "native",
         ranks_per_node: int | None = None,
+        strict_bucket_cap: bool = False,
     ):
         super().__init__()
         if not (dist.is_available() and dist.is_initialized()):
@@ -90,8 +107,8 @@ class DistributedDataParallel(nn.Module):
             compress = None
         if compress not in BUILTIN_HOOKS:
             raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
-        if bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+        _check_not_wrapped(module)
 
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
@@ -99,6 +116,7 @@ class DistributedDataParallel(nn.Module):
         # broadcast(src=...) takes a *global* rank, also for a sub-group.
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]
         self.bucket_cap_mb = bucket_cap_mb
+        self.strict_bucket_cap = strict_bucket_cap
         self.find_unused_parameters = find_unused_parameters
         self.broadcast_buffers = broadcast_buffers
         self.overlap = overlap
@@ -121,12 +139,16 @@ class DistributedDataParallel(nn.Module):
         n = len(self._params)
         self._build_buckets(list(reversed(range(n))))
         self._rebuilt = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+        # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
+        me = weakref.ref(self)
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, me, i))
                        for i, p in enumerate(self._params)]
+        self._finalizer = weakref.finalize(self, _remove_hooks, self._hooks, weakref.ref(module))
+        _OWNERS[module] = me
         self._comm_hook, self._comm_state = BUILTIN_HOOKS[compress], None
 
-        self._require_backward_grad_sync = True  # False inside no_sync()
-        self._require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
+        self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
+        self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self._expect_sync = False  # this backward must reduce
         self._reduced_since_forward = False  # a second backward of one forward is an error
         self._callback_queued = False
@@ -138,21 +160,25 @@ class DistributedDataParallel(nn.Module):
 
     # ----------------------------------------------------------------- public API
     def forward(self, *args, **kwargs):
-        sync = torch.is_grad_enabled() and self._require_backward_grad_sync
-        bcast = self._require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
-        self._reduced_since_forward = False
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        bcast = self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
         src = None
         if self._join is not None:  # tell the ranks that ran out of data what this iteration does
             src = self._join_exchange(1, sync, bcast)[3]
         if bcast:
             with torch.no_grad():
                 self._broadcast_coalesced(self._module_buffers, src=src)
-        self._require_forward_param_sync = sync
+        self.require_forward_param_sync = sync
+        if torch.is_grad_enabled():  # a new graph: its backward may run (again) once
+            self._reduced_since_forward = False
         if sync:
             self._prepare_for_backward()
-        else:
-            self._expect_sync = False
+        # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         return self.module(*args, **kwargs)
+
+    def remove_hooks(self) -> None:
+        """Detach this wrapper from the module (also done when the wrapper is garbage-collected)."""
+        self._finalizer()
 
     @contextmanager
     def no_sync(self):
@@ -161,12 +187,12 @@ class DistributedDataParallel(nn.Module):
         The next synchronised backward reduces the accumulated sum, which gives
         exactly the gradient of the combined batch.
         """
-        old = self._require_backward_grad_sync
-        self._require_backward_grad_sync = False
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
         try:
             yield
         finally:
-            self._require_backward_grad_sync = old
+            self.require_backward_grad_sync = old
 
     @contextmanager
     def join(self, divide_by_initial_world_size: bool = True):
@@ -280,15 +306,15 @@ class DistributedDataParallel(nn.Module):
         is_src = dist.get_rank() == src
         for chunks in groups.values():
             for chunk in chunks:
-                flat = _flatten_dense_tensors(chunk)
+                flat = _compat.flatten_dense_tensors(chunk)
                 dist.broadcast(flat, src=src, group=self.process_group)
                 if not is_src:
-                    for t, v in zip(chunk, _unflatten_dense_tensors(flat, chunk)):
+                    for t, v in zip(chunk, _compat.unflatten_dense_tensors(flat, chunk)):
                         t.copy_(v)
 
     def _build_buckets(self, order: list[int]) -> None:
         """(Re)allocate flat buffers for `order`; existing gradients move into them."""
-        assignment = assign_buckets(self._specs, order, self.bucket_cap_mb)
+        assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap)
         self._buckets = make_buckets(self._params, assignment, tail_numel=len(self._params))
         self._views: list[torch.Tensor] = [None] * len(self._params)
         self._where: list[tuple[int, int]] = [None] * len(self._params)
@@ -318,40 +344,37 @@ class DistributedDataParallel(nn.Module):
             b.pending, b.future, b.unused, b.t_done = len(b.param_ids), None, [], None
         self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=self.overlap)
 
-    def _make_hook(self, i: int):
-        def hook(p: torch.Tensor) -> None:
-            view, grad = self._views[i], p.grad
-            if grad is not view and grad.data_ptr() != view.data_ptr():
-                # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
-                # allocated a fresh tensor: move it into the bucket.
-                if grad.is_sparse:
-                    raise RuntimeError(
-                        f"minddp: parameter {self._names[i]!r} has a sparse gradient (e.g. "
-                        "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
-                view.copy_(grad)
-                p.grad = view
-            if not self._expect_sync:
-                if self._reduced_since_forward:
-                    raise RuntimeError(
-                        "minddp: backward ran again after this forward's gradients were already "
-                        "reduced; run a forward before each backward, or accumulate under no_sync()")
-                return
-            if not self._callback_queued:
-                self._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-            if self._ready[i]:
+    def _on_grad_ready(self, i: int, p: torch.Tensor) -> None:
+        view, grad = self._views[i], p.grad
+        if grad is not view and grad.data_ptr() != view.data_ptr():
+            # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
+            # allocated a fresh tensor: move it into the bucket.
+            if grad.is_sparse:
                 raise RuntimeError(
-                    f"minddp: parameter {self._names[i]!r} received a gradient twice in one "
-                    "iteration. Call backward once per forward, or accumulate under no_sync()."
-                )
-            self._ready[i] = True
-            self._ready_order.append(i)
-            bucket = self._buckets[self._where[i][0]]
-            bucket.pending -= 1
-            if bucket.pending == 0 and self.overlap:
-                self._launch_complete_buckets()
-
-        return hook
+                    f"minddp: parameter {self._names[i]!r} has a sparse gradient (e.g. "
+                    "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
+            view.copy_(grad)
+            p.grad = view
+        if not self._expect_sync:
+            if self._reduced_since_forward:
+                raise RuntimeError(
+                    "minddp: backward ran again after this forward's gradients were already "
+                    "reduced; run a forward before each backward, or accumulate under no_sync()")
+            return
+        if not self._callback_queued:
+            self._callback_queued = True
+            _compat.queue_autograd_callback(self._finish_backward)
+        if self._ready[i]:
+            raise RuntimeError(
+                f"minddp: parameter {self._names[i]!r} received a gradient twice in one "
+                "iteration. Call backward once per forward, or accumulate under no_sync()."
+            )
+        self._ready[i] = True
+        self._ready_order.append(i)
+        bucket = self._buckets[self._where[i][0]]
+        bucket.pending -= 1
+        if bucket.pending == 0 and self.overlap:
+            self._launch_complete_buckets()
 
     def _launch_complete_buckets(self) -> None:
         # Strictly in index order: bucket i never goes out before bucket i-1.
@@ -411,8 +434,11 @@ class DistributedDataParallel(nn.Module):
         self._next_bucket = len(self._buckets)
         rescale = (self.world_size / self._join["active"] if self._join and not self._join["divide"]
                    and self.reduce_op == "avg" and self._join["active"] < self.world_size else None)
+        wire_bytes = 0
         for bucket in self._buckets:
             result = bucket.future.wait()
+            bucket.future = None  # nothing outlives the step (a Work holds its tensors)
+            wire_bytes += result.numel() * result.element_size()
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)
             if rescale:  # averaged over the ranks still training, not the initial world
@@ -424,7 +450,7 @@ class DistributedDataParallel(nn.Module):
         stats.comm_time_s = (self._t_last_done or done) - self._t_first_launch
         stats.busy_s = _union_length([(b.t_launch, b.t_done or done) for b in self._buckets])
         stats.num_collectives = len(self._buckets)
-        stats.bytes = sum(b.grad_nbytes for b in self._buckets)
+        stats.bytes = wire_bytes
 
         flags = self._buckets[-1].buffer[-len(self._params):] != 0
         if self.find_unused_parameters:
@@ -461,6 +487,32 @@ class DistributedDataParallel(nn.Module):
         if order != current:
             self._build_buckets(order)
             self.comm_stats.num_buckets = len(self._buckets)
+
+
+def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
+    ddp = owner()
+    if ddp is not None:
+        ddp._on_grad_ready(i, p)
+
+
+def _remove_hooks(handles, module_ref) -> None:
+    for h in handles:
+        h.remove()
+    module = module_ref()
+    if module is not None:
+        _OWNERS.pop(module, None)
+
+
+def _check_not_wrapped(module: nn.Module) -> None:
+    if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
+        raise TypeError(f"minddp.DistributedDataParallel: the module is already a {type(module).__name__}; "
+                        "wrap the plain model once (pass `ddp.module` to wrap it anew)")
+    owner = _OWNERS.get(module)
+    if owner is not None and owner() is not None:
+        raise RuntimeError(
+            "minddp.DistributedDataParallel: this module is already wrapped by another live minddp "
+            "DDP, whose hooks would fight over .grad. Wrap it once, or call old.remove_hooks() "
+            "(or drop the old wrapper) first.")
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:

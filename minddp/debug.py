@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import _compat
+
 
 class CollectiveMismatchError(RuntimeError):
     pass
@@ -123,7 +125,7 @@ def _fmt(rank, fp, seq):
 
 
 def _check_fingerprint(group, ranks, seq, fp) -> None:
-    store = dist.distributed_c10d._get_default_store()
+    store = _compat.default_store()
     me = dist.get_rank()
     tag = "-".join(map(str, ranks))
     key = lambda r, s: f"minddp/fp/{tag}/{s}/{r}"  # noqa: E731

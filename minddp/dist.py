@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import _compat
 from .errors import ConfigError
 
 
@@ -132,7 +133,7 @@ def wait_for_peers(key: str, timeout_s: float = 30.0) -> None:
         if world <= 1 or "MASTER_ADDR" not in os.environ:
             return
         if dist.is_initialized():
-            store = dist.distributed_c10d._get_default_store()
+            store = _compat.default_store()
         else:  # before init_process_group: torchrun's store (or rank 0 hosts one)
             host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ.get("RANK") == "0"
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,

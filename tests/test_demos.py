@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from minddp.demos import DEMOS
+from minddp.demos import DEMOS, MODULES
 from tests import multiproc
 from tests.test_train_cli import BIN, ROOT
 
@@ -13,7 +13,7 @@ from tests.test_train_cli import BIN, ROOT
 def _demo(rank, world_size, name):
     import importlib
 
-    importlib.import_module(f"minddp.demos.{name}").run()
+    importlib.import_module(f"minddp.demos.{MODULES[name]}").run()
 
 
 # 4 ranks wherever it adds something (odd node counts, uneven splits, rings longer than 2);
@@ -35,3 +35,16 @@ def test_cli_under_torchrun_and_help():
     h = subprocess.run([sys.executable, "-m", "minddp.demos", "--help"], capture_output=True, text=True)
     for name in DEMOS:
         assert name in h.stdout
+
+
+def test_wheel_carries_every_subpackage(tmp_path):
+    """A non-editable install has minddp.demos too (package discovery, not a fixed list)."""
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import zipfile
+
+    names = zipfile.ZipFile(next(tmp_path.glob("minddp-*.whl"))).namelist()
+    for module in MODULES.values():
+        assert f"minddp/demos/{module}.py" in names
+    assert "minddp/ddp.py" in names

@@ -15,3 +15,6 @@ DEMOS = {
     "deadlock": "the forbidden conditional collective becomes a clear timeout error, then the fix",
     "minimal_ddp": "the textbook DDP loop by hand next to minddp.DistributedDataParallel",
 }
+
+# the demo's name on the command line -> its module (`async` is a Python keyword)
+MODULES = {name: ("async_overlap" if name == "async" else name) for name in DEMOS}

@@ -5,7 +5,7 @@ import importlib
 
 import torch.distributed as dist
 
-from minddp.demos import DEMOS
+from minddp.demos import DEMOS, MODULES
 from minddp.dist import init_distributed, shutdown
 
 
@@ -19,7 +19,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     init_distributed()
     try:
-        module = importlib.import_module(f"minddp.demos.{args.name}")
+        module = importlib.import_module(f"minddp.demos.{MODULES[args.name]}")
         kwargs = {"ranks_per_node": args.ranks_per_node} if args.name == "hierarchical" else {}
         module.run(**kwargs)
         dist.barrier()

@@ -1,0 +1,41 @@
+"""Every private torch call minddp makes, in one place, each with why it is needed.
+
+torch has no public API for these; if one moves in a later release, this file is
+the only one to change.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+def queue_autograd_callback(fn) -> None:
+    """Run `fn` once when the current backward pass ends: the engine waits for the last
+    buckets there, so `loss.backward()` returns with reduced gradients (torch DDP's reducer
+    does the same from C++)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def flatten_dense_tensors(tensors):
+    """One contiguous copy of many tensors: one broadcast instead of one per tensor."""
+    return _flatten_dense_tensors(tensors)
+
+
+def unflatten_dense_tensors(flat, like):
+    return _unflatten_dense_tensors(flat, like)
+
+
+def set_pg_timeout(seconds: float, group=None) -> None:
+    """Shorten a process group's timeout after start-up: a slow first start-up (imports,
+    W&B) needs a long timeout, a hang in training should fail fast."""
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def default_store():
+    """The rendezvous key-value store: lets ranks exchange small messages (config errors,
+    fingerprints) without a collective, so a rank that is stuck cannot block them."""
+    return dist.distributed_c10d._get_default_store()
