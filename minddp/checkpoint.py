@@ -1,18 +1,22 @@
-"""Checkpoints: written atomically by rank 0, read by every rank.
+"""Checkpoints: written atomically by rank 0, chosen by rank 0, read by every rank.
 
-A checkpoint is one file `ckpt_<step>.pt` under `<run dir>/checkpoints/`,
-written to a temporary name, flushed to disk, then renamed into place, so a
-crash mid-write never leaves a truncated checkpoint where `latest()` finds it.
+A checkpoint is one file `ckpt_<step>.pt` under `<run dir>/checkpoints/`, written to a
+unique temporary name, flushed to disk, renamed into place, and the directory fsynced,
+so a crash mid-write never leaves a truncated checkpoint where `latest()` finds it, and a
+power loss cannot lose the rename. Loading is `weights_only=True`: a checkpoint is a
+pickle, and one from someone else must not run code on this machine.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .errors import ConfigError
 
@@ -20,7 +24,12 @@ log = logging.getLogger("minddp")
 
 
 class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used: the message names the file and the reason."""
+    """A checkpoint that cannot be used (at start-up): the message names the file and the reason."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (disk full, quota, permissions): an I/O error, not a config one."""
+
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
 
@@ -31,22 +40,33 @@ def checkpoint_dir(run_dir) -> Path:
 
 def save(run_dir, step: int, state: dict) -> Path:
     d = checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     final = d / f"ckpt_{step:08d}.pt"
-    tmp = d / f".ckpt_{step:08d}.pt.tmp{os.getpid()}"
+    tmp = d / f".ckpt_{step:08d}.pt.tmp{os.getpid()}-{os.urandom(4).hex()}"
     try:
+        d.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException as e:  # disk full, quota, killed: the previous checkpoint stays intact
+        os.replace(tmp, final)  # atomic on POSIX
+        _fsync_dir(d)  # the rename itself reaches the disk
+    except OSError as e:  # disk full, quota, read-only: the previous checkpoint stays intact
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"could not write checkpoint {final} ({e.strerror or e}); the previous "
-                                  f"checkpoint is intact. Free space in {d} or change the run dir.") from e
+        raise CheckpointWriteError(
+            e.errno, f"could not write checkpoint {final} ({e.strerror or e}); the previous checkpoint "
+            f"is intact. Free space in {d} or change the run dir, then resume with train.resume=auto") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, final)  # atomic on POSIX
     return final
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def all_checkpoints(run_dir) -> list[Path]:
@@ -68,7 +88,15 @@ _KEYS = ("model", "optimizer", "scheduler", "step")
 
 def load(path, device) -> dict:
     try:
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} was refused: it holds objects beyond tensors, numbers and "
+                "containers, whose loading could run code (weights_only=True). minddp never writes "
+                "such checkpoints; if you trust the file, convert it to a plain state dict") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): "
+                              f"{str(e)[:200]}") from None
     except Exception as e:  # noqa: BLE001 - truncated zip, bad pickle, ...
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): "
                               f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -90,3 +118,23 @@ def resolve(run_dir, resume: str, device) -> tuple[Path | None, dict | None]:
         except CheckpointError as e:
             log.warning(f"{e}; trying the previous checkpoint")
     return None, None
+
+
+def resolve_agreed(run_dir, resume: str, device) -> tuple[Path | None, dict | None]:
+    """`resolve` on rank 0, whose choice is broadcast: on a shared filesystem with attribute
+    caching, ranks listing the directory themselves could resume from different steps."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return resolve(run_dir, resume, device)
+    choice, error = [None, None], None
+    if dist.get_rank() == 0:
+        try:
+            path, state = resolve(run_dir, resume, device)
+            choice = [str(path) if path else None, None]
+        except CheckpointError as e:
+            error, choice = e, [None, str(e)]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[1] is not None:
+        raise error or CheckpointError(choice[1])
+    if dist.get_rank() == 0:
+        return path, state
+    return (Path(choice[0]), load(choice[0], device)) if choice[0] else (None, None)

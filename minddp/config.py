@@ -44,6 +44,15 @@ class TextData:
 
 
 @dataclass
+class TokensData:
+    """A folder of token files: nanoGPT's train.bin/val.bin (+ meta.pkl) or llm.c's shards."""
+
+    name: str = "tokens"
+    dir: Optional[str] = None
+    dtype: str = "auto"  # headerless files: auto (uint16 if the vocabulary fits, else uint32) | uint8/16/32
+
+
+@dataclass
 class SyntheticData:
     name: str = "synthetic"
     num_samples: int = 4096
@@ -72,19 +81,24 @@ class TrainConfig:
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
     resume: str = "none"  # none | auto | <path to a checkpoint>
-    log_every: int = 10  # plain-text progress lines when stderr is not a terminal
+    log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
+    peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table, or measured on CPU
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     bf16: bool = False
     device: str = "auto"  # auto | cpu | cuda
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
-    flight_recorder: int = 2000  # last N collectives per rank, dumped on error/timeout/signal (0: off)
+    flight_recorder: int = 2000  # torch flight recorder: last N collectives per rank, dumped on error
     on_nonfinite: str = "skip"  # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
     check_every: int = 0  # every N steps compare a parameter hash across dp ranks (0: off)
     # fault injection, to rehearse the non-finite path: this rank's loss becomes NaN at this step
     fault_nan_step: Optional[int] = None
     fault_nan_rank: int = 0
+    # ... and this rank sleeps fault_sleep_s seconds inside this step (a stuck rank)
+    fault_sleep_step: Optional[int] = None
+    fault_sleep_rank: int = 0
+    fault_sleep_s: float = 0.0
 
 
 @dataclass
@@ -99,7 +113,7 @@ class DDPConfig:
     reduce_op: str = "avg"
     compress: Optional[str] = None  # null | fp16 | bf16
     algorithm: str = "native"  # native | ring | rs_ag | hierarchical (minddp.collectives)
-    debug: bool = False  # collective fingerprints: mismatches raise on every rank (or MINDDP_DEBUG=1)
+    debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL: collective fingerprints (or MINDDP_DEBUG=1)
 
 
 @dataclass
@@ -134,6 +148,7 @@ def register() -> None:
     cs.store(group="model", name="mlp_schema", node=MLPModel)
     cs.store(group="data", name="text_schema", node=TextData)
     cs.store(group="data", name="synthetic_schema", node=SyntheticData)
+    cs.store(group="data", name="tokens_schema", node=TokensData)
     cs.store(group="optim", name="adamw_schema", node=OptimConfig)
     register_resolvers()
 
@@ -204,4 +219,48 @@ def validate(cfg, world_size: int) -> dict:
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist: give a text file or a folder")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
+    for problem in _setting_problems(cfg):
+        raise ConfigError(problem)
     return {"dims": dims, "accum": t.global_batch_size // per_step}
+
+
+def _setting_problems(cfg):
+    """Every check that needs no process: each yields one line that names the fix."""
+    from .comm_hooks import ALGORITHMS
+
+    t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
+    if d.bucket_cap_mb is not None and d.bucket_cap_mb <= 0:
+        yield f"ddp.bucket_cap_mb must be positive (or null for torch's default), got {d.bucket_cap_mb}"
+    if d.compress not in (None, "none", "fp16", "bf16"):
+        yield f"ddp.compress must be null, fp16 or bf16, got {d.compress!r}"
+    if d.algorithm not in ALGORITHMS:
+        yield f"ddp.algorithm must be one of {', '.join(ALGORITHMS)}, got {d.algorithm!r}"
+    if d.reduce_op not in ("avg", "sum"):
+        yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
+    if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):
+        yield f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}"
+    if min(m.n_embd, m.block_size, m.vocab_size, m.n_layer) < 1:
+        yield "model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1"
+    if m.name == "gpt" and not 0 <= m.dropout < 1:
+        yield f"model.dropout must be in [0, 1), got {m.dropout}"
+    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
+        yield f"optim.lr must be > 0 and 0 <= optim.min_lr <= optim.lr, got lr={o.lr}, min_lr={o.min_lr}"
+    if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
+        yield "optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0"
+    if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
+        yield f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}"
+    if t.log_every < 1:
+        yield f"train.log_every must be >= 1, got {t.log_every}"
+    if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder) < 0:
+        yield "train.eval_every, train.ckpt_every, train.check_every and train.flight_recorder must be >= 0"
+    if t.timeout_s <= 0 or t.init_timeout_s <= 0:
+        yield "train.timeout_s and train.init_timeout_s must be > 0"
+    if t.device not in ("auto", "cpu", "cuda"):
+        yield f"train.device must be auto, cpu or cuda, got {t.device!r}"
+    if t.peak_tflops is not None and t.peak_tflops <= 0:
+        yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
+    if data.name == "tokens":
+        if not data.dir or not os.path.isdir(data.dir):
+            yield f"data.dir={data.dir!r} is not a folder: data=tokens needs data.dir=<folder of token files>"
+        if data.dtype not in ("auto", "uint8", "uint16", "uint32"):
+            yield f"data.dtype must be auto, uint8, uint16 or uint32, got {data.dtype!r}"

@@ -1,42 +1,65 @@
-"""Data: byte-level text and a synthetic task, sharded with DistributedSampler.
+"""Data: token files read through a memmap, sharded with DistributedSampler.
 
-Every data set is map-style and yields windows of `block_size + 1` token ids;
-a batch's inputs are the first `block_size` and its targets the last.
+One reader for every source: a folder of token files (`data=tokens`: nanoGPT's headerless
+`train.bin`/`val.bin`, or llm.c's shards with a 1024-byte header), byte-level text
+(`data=text`, cached once as a token file of bytes), and a synthetic task. Every data set
+is map-style and yields windows of `block_size + 1` token ids; a batch's inputs are the
+first `block_size` and its targets the last. Windows never span two shards.
 
 Sharding keeps the loss curve independent of how the global batch is split:
 the sampler's permutation depends only on (seed, epoch), rank r takes
 positions r, r+dp, r+2dp, ..., and each step consumes a contiguous run of its
-shard, so step s covers global positions [s*G, (s+1)*G) for any dp size.
+shard, so step s covers global samples [s*G, (s+1)*G) for any dp size: a run
+can resume on another number of ranks and see the same samples.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
-import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
+
+from . import safe_pickle
+from .errors import ConfigError
+
+LLMC_MAGIC, LLMC_HEADER_INTS = 20240520, 256
+_LLMC_DTYPES = {1: np.uint16, 2: np.uint32}
 
 
 class TokenWindows(Dataset):
-    """Non-overlapping windows of block_size+1 tokens over one token array."""
+    """Non-overlapping windows of block_size+1 tokens over one or more token arrays
+    (memmaps: nothing is read until a window is asked for)."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int):
-        if len(tokens) < block_size + 1:
-            raise ValueError(f"{len(tokens)} tokens cannot fill one window of block_size+1={block_size + 1}")
-        self.tokens, self.block_size = tokens, block_size
+    def __init__(self, shards, block_size: int):
+        shards = shards if isinstance(shards, (list, tuple)) else [shards]
+        counts = [max(0, (len(s) - 1) // block_size) for s in shards]
+        if sum(counts) == 0:
+            raise ValueError(f"{sum(len(s) for s in shards)} tokens cannot fill one window of "
+                             f"block_size+1={block_size + 1}")
+        self.shards, self.block_size = shards, block_size
+        self.ends = np.cumsum(counts).tolist()  # window index where each shard ends
 
     def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.block_size
+        return self.ends[-1]
+
+    def window(self, i: int) -> np.ndarray:
+        s = bisect.bisect_right(self.ends, i)
+        start = (i - (self.ends[s - 1] if s else 0)) * self.block_size
+        return self.shards[s][start : start + self.block_size + 1]
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        start = i * self.block_size
-        return torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype(np.int64))
+        return torch.from_numpy(self.window(i).astype(np.int64))
+
+    def batch(self, indices) -> torch.Tensor:
+        """One (len(indices), block_size+1) int64 tensor, in one copy."""
+        return torch.from_numpy(np.stack([self.window(i) for i in indices]).astype(np.int64))
 
 
 class ArithmeticSequences(Dataset):
@@ -58,6 +81,92 @@ class ArithmeticSequences(Dataset):
         return torch.from_numpy((start + stride * np.arange(self.block_size + 1)) % self.m)
 
 
+# ---------------------------------------------------------------- token files
+def read_header(path) -> np.ndarray | None:
+    """llm.c's 256 int32 header if the file starts with its magic number, else None."""
+    with open(path, "rb") as f:
+        head = np.frombuffer(f.read(LLMC_HEADER_INTS * 4), dtype=np.int32)
+    return head if len(head) == LLMC_HEADER_INTS and head[0] == LLMC_MAGIC else None
+
+
+def open_tokens(path, dtype="auto", vocab_size: int | None = None) -> np.memmap:
+    """A memmap of one token file: llm.c's (header decides the dtype) or headerless."""
+    path = Path(path)
+    header = read_header(path)
+    if header is not None:
+        version, count = int(header[1]), int(header[2])
+        if version not in _LLMC_DTYPES:
+            raise ConfigError(f"{path}: llm.c header version {version} is unknown (1 = uint16, 2 = uint32)")
+        np_dtype = np.dtype(_LLMC_DTYPES[version])
+        body = path.stat().st_size - LLMC_HEADER_INTS * 4
+        if body != count * np_dtype.itemsize:
+            raise ConfigError(f"{path}: the header says {count} tokens ({count * np_dtype.itemsize} bytes) "
+                              f"but the file holds {body} bytes after it: truncated or not an llm.c shard")
+        return np.memmap(path, dtype=np_dtype, mode="r", offset=LLMC_HEADER_INTS * 4, shape=(count,))
+    np_dtype = np.dtype(headerless_dtype(dtype, vocab_size))
+    if path.stat().st_size % np_dtype.itemsize:
+        raise ConfigError(f"{path}: {path.stat().st_size} bytes is not a whole number of {np_dtype} tokens; "
+                          "set data.dtype to the dtype the file was written with")
+    return np.memmap(path, dtype=np_dtype, mode="r")
+
+
+def headerless_dtype(dtype: str, vocab_size: int | None) -> str:
+    if dtype != "auto":
+        return dtype
+    return "uint16" if vocab_size is None or vocab_size <= 2**16 else "uint32"
+
+
+def read_meta(folder) -> dict:
+    """nanoGPT's meta.pkl (vocab_size, maybe itos/stoi), read without running any code."""
+    path = Path(folder) / "meta.pkl"
+    if not path.exists():
+        return {}
+    try:
+        meta = safe_pickle.load(path)
+    except safe_pickle.UnsafePickleError as e:
+        raise ConfigError(f"{path}: {e}. A meta.pkl holds a plain dict (vocab_size, itos, stoi); "
+                          "rewrite it as one or delete it and set model.vocab_size") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path} holds a {type(meta).__name__}, not a dict with vocab_size")
+    return meta
+
+
+def token_files(folder, split: str) -> list[Path]:
+    """nanoGPT's <split>.bin, or llm.c's shards whose names contain the split, in name order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"data.dir={str(folder)!r} is not a folder of token files")
+    exact = folder / f"{split}.bin"
+    files = [exact] if exact.exists() else sorted(p for p in folder.glob(f"*{split}*.bin") if p.is_file())
+    if not files:
+        raise ConfigError(f"data.dir={str(folder)!r} has no {split}.bin and no *{split}*.bin shards "
+                          "(write them with python -m minddp.prepare, or nanoGPT's / llm.c's scripts)")
+    return files
+
+
+def check_token_range(shards, vocab_size: int, where: str, sample: int = 1 << 20) -> None:
+    """A token id >= vocab_size would index past the embedding: fail before training.
+    Scans a bounded prefix and a strided pass, never the whole file."""
+    for path, arr in shards:
+        if not len(arr):
+            continue
+        stride = max(1, len(arr) // sample)
+        top = max(int(arr[:sample].max()), int(arr[::stride].max()))
+        if top >= vocab_size:
+            raise ConfigError(f"{path} holds token id {top} but the vocabulary has {vocab_size} tokens "
+                              f"({where}); set model.vocab_size > {top} or check data.dtype")
+
+
+def load_tokens(data_cfg, block_size: int, vocab_size: int) -> tuple[Dataset, Dataset]:
+    splits = {}
+    for split in ("train", "val"):
+        files = token_files(data_cfg.dir, split)
+        shards = [(p, open_tokens(p, data_cfg.dtype, vocab_size)) for p in files]
+        check_token_range(shards, vocab_size, "model.vocab_size, or meta.pkl's vocab_size")
+        splits[split] = TokenWindows([a for _, a in shards], block_size)
+    return splits["train"], splits["val"]
+
+
 # ---------------------------------------------------------------- text corpus
 def _text_files(root: Path) -> list[Path]:
     if root.is_file():
@@ -77,34 +186,53 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def load_corpus(path: str | None, max_bytes: int, cache_dir: str) -> np.ndarray:
-    """The corpus as uint8 bytes, cached as .npy (written atomically, so ranks may race)."""
+def corpus_files(path: str | None) -> list[Path]:
     root = Path(path) if path else stdlib_root()
-    key = hashlib.sha1(f"{root.resolve()}|{max_bytes}|{sys.version}".encode()).hexdigest()[:16]
-    cache = Path(cache_dir) / f"corpus-{key}.npy"
-    if cache.exists():
-        return np.load(cache, mmap_mode="r")
-    pattern = "*.py" if path is None else None
-    files = sorted(root.rglob(pattern)) if pattern else _text_files(root)
-    files = [f for f in files if f.is_file() and "site-packages" not in f.parts]
-    chunks, total = [], 0
+    files = sorted(root.rglob("*.py")) if path is None else _text_files(root)
+    return [f for f in files if f.is_file() and "site-packages" not in f.parts]
+
+
+def corpus_key(files: list[Path], max_bytes: int) -> str:
+    """Changes when any file is added, removed, resized or touched."""
+    h = hashlib.sha1(str(max_bytes).encode())
     for f in files:
-        data = f.read_bytes()
-        chunks.append(data[: max_bytes - total])
-        total += len(chunks[-1])
-        if total >= max_bytes:
-            break
-    if total == 0:
-        raise ValueError(f"no text found under {root}")
-    arr = np.frombuffer(b"".join(chunks), dtype=np.uint8)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, cache)
-    return arr
+        st = f.stat()
+        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
 
 
-def build_datasets(data_cfg, block_size: int) -> tuple[Dataset, Dataset]:
+def load_corpus(path: str | None, max_bytes: int, cache_dir: str) -> np.ndarray:
+    """The corpus as a memmap of uint8 byte tokens, cached as a token file keyed on content
+    (written under a unique temporary name, then renamed: ranks and jobs may race)."""
+    files = corpus_files(path)
+    cache = Path(cache_dir) / f"corpus-{corpus_key(files, max_bytes)}.bin"
+    if not cache.exists():
+        chunks, total = [], 0
+        for f in files:
+            chunks.append(f.read_bytes()[: max_bytes - total])
+            total += len(chunks[-1])
+            if total >= max_bytes:
+                break
+        if total == 0:
+            raise ValueError(f"no text found under {path or stdlib_root()}")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".corpus-", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(b"".join(chunks))
+        os.replace(tmp, cache)
+    return open_tokens(cache, "uint8")
+
+
+def vocab_size_of(data_cfg, model_vocab: int) -> int:
+    """meta.pkl's vocab_size for token folders that have one, else the model's."""
+    if data_cfg.name == "tokens":
+        return int(read_meta(data_cfg.dir).get("vocab_size", model_vocab))
+    return model_vocab
+
+
+def build_datasets(data_cfg, block_size: int, vocab_size: int = 256) -> tuple[Dataset, Dataset]:
+    if data_cfg.name == "tokens":
+        return load_tokens(data_cfg, block_size, vocab_size)
     if data_cfg.name == "text":
         tokens = load_corpus(data_cfg.path, data_cfg.max_bytes, data_cfg.cache_dir)
         split = int(len(tokens) * (1 - data_cfg.val_fraction))
@@ -113,11 +241,16 @@ def build_datasets(data_cfg, block_size: int) -> tuple[Dataset, Dataset]:
         train = ArithmeticSequences(data_cfg.num_samples, block_size, data_cfg.modulus)
         val = ArithmeticSequences(data_cfg.num_val, block_size, data_cfg.modulus, offset=10**9)
         return train, val
-    raise ValueError(f"unknown data set {data_cfg.name!r}: use data=text or data=synthetic")
+    raise ValueError(f"unknown data set {data_cfg.name!r}: use data=tokens, data=text or data=synthetic")
 
 
 def collate(dataset: Dataset, indices: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    w = torch.stack([dataset[i] for i in indices]).to(device, non_blocking=True)
+    """(inputs, targets) on `device`: one copy from pinned memory on CUDA (truly asynchronous)."""
+    w = dataset.batch(indices) if hasattr(dataset, "batch") else torch.stack([dataset[i] for i in indices])
+    if device.type == "cuda":
+        w = w.pin_memory().to(device, non_blocking=True)
+    else:
+        w = w.to(device)
     return w[:, :-1], w[:, 1:]
 
 
@@ -126,18 +259,23 @@ class ShardedBatches:
 
     def __init__(self, dataset, dp_size, dp_rank, micro_batch, accum, seed, device):
         self.dataset, self.micro, self.accum, self.device = dataset, micro_batch, accum, device
+        self.global_batch = micro_batch * accum * dp_size
         self.sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank,
                                           shuffle=True, seed=seed, drop_last=True)
-        self.steps_per_epoch = len(self.sampler) // (micro_batch * accum)
+        self.steps_per_epoch = len(self.sampler) // (micro_batch * accum)  # = len // global: any dp
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"the training set has {len(dataset)} samples, fewer than one global batch "
-                f"({micro_batch * accum * dp_size}): use more data or a smaller train.global_batch_size")
+                f"({self.global_batch}): use more data or a smaller train.global_batch_size")
         self.epoch, self._indices = None, None
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, step within the epoch) of a global optimizer step."""
         return divmod(step, self.steps_per_epoch)
+
+    def samples_seen(self, step: int) -> int:
+        """Global sample index after `step` steps: the same for any number of ranks."""
+        return step * self.global_batch
 
     def get(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         epoch, k = self.position(step)
@@ -148,29 +286,3 @@ class ShardedBatches:
         idx = self._indices[k * per_step : (k + 1) * per_step]
         return [collate(self.dataset, idx[m * self.micro : (m + 1) * self.micro], self.device)
                 for m in range(self.accum)]
-
-
-@torch.no_grad()
-def evaluate(model, dataset, dp_rank, dp_size, micro_batch, max_samples, device, group=None,
-             autocast=None) -> float:
-    """Exact mean token loss over the first max_samples samples (all if 0), for any dp size.
-
-    Rank r takes samples r, r+dp, ...: no padding, so nothing is counted twice;
-    sums and counts are all-reduced, so shards of unequal length are exact too.
-    `model` must be the unwrapped module (its forward issues no data-parallel
-    collectives, so ranks may run different numbers of batches).
-    """
-    n = len(dataset) if max_samples <= 0 else min(len(dataset), max_samples)
-    mine = list(range(dp_rank, n, dp_size))
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    for s in range(0, len(mine), micro_batch):
-        x, y = collate(dataset, mine[s : s + micro_batch], device)
-        with autocast() if autocast else torch.autocast(device.type, enabled=False):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
-        total += torch.stack([loss.double(), torch.tensor(y.numel(), dtype=torch.float64, device=device)])
-    dist.all_reduce(total, group=group)
-    model.train(was_training)
-    return (total[0] / total[1]).item()

@@ -1,216 +1,177 @@
-"""Never hang silently: a flight recorder and collective fingerprints, on any backend.
+"""Never hang silently, on torch's own machinery.
 
-`enable(record=N, fingerprints=bool)` wraps torch.distributed's collectives (all_reduce,
-broadcast, reduce, all_gather(_into_tensor), reduce_scatter_tensor, all_to_all_single,
-barrier, all_gather_object, broadcast_object_list). Off, nothing is wrapped: zero cost.
+- Flight recorder: torch's native one. `configure()` (before the process group starts)
+  sets `TORCH_FR_BUFFER_SIZE`, so every rank keeps its last N collectives on gloo and nccl
+  alike (per-group sequence number, op, sizes, dtypes, creation time; on nccl also the
+  state and timings, and a dump by the watchdog on timeout). `dump(run_dir, reason)` writes
+  torch's dump to `<run_dir>/flight_recorder/rank<r>` (the format torch's own analyser,
+  `python -m torch.distributed.flight_recorder.fr_trace`, reads) on any exception, on a
+  collective timeout and on SIGTERM.
+- minddp adds only what torch does not record (`<run_dir>/flight_recorder_context/rank<r>.json`):
+  why the rank dumped (the exception or signal), where the trainer was (step and phase),
+  and the ranks of each process group (gloo's dump has no group membership).
+- Fingerprints: `TORCH_DISTRIBUTED_DEBUG=DETAIL` (`ddp.debug=true`, or `detail=True` here)
+  wraps every process group so that ranks compare each collective (op, shapes, dtypes)
+  before it runs; a mismatch raises on every rank naming both calls.
 
-- Flight recorder: every rank keeps its last N collectives (sequence number per group, op,
-  dtype, shape, group ranks, start and end time, state). `dump(dir)` writes
-  `<dir>/flight_recorder/rank<r>.json`; the trainer does it on any exception, on SIGTERM and
-  on a collective timeout. `python -m minddp.debug <run dir>` reads every rank's dump and
-  says who is stuck on which collective while the others moved on.
-- Fingerprints: before each collective, ranks publish (sequence, op, dtype, shape, group)
-  in the process group's store and read each other's; a mismatch raises on every rank
-  with both fingerprints ("rank 1 called broadcast(shape [8]) at #57 while rank 0 called
-  all_reduce(shape [4])"), and a rank that never arrives is named after `timeout_s`.
+`python -m minddp.debug <run dir>` reads every rank's dump and says who is stuck where,
+or who never called collective #N.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import json
 import os
 import sys
-import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import _compat
+from . import safe_pickle
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+_context: dict = {"step": None, "phase": None, "groups": {}}
+_dumped = False  # the first dump of a process wins: later ones record the consequences
 
 
-class CollectiveMismatchError(RuntimeError):
-    pass
+def configure(buffer_size: int = 2000, run_dir=None, detail: bool = False) -> None:
+    """Call before init_process_group. Never overrides what the user exported."""
+    if buffer_size > 0:
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(buffer_size))
+        if run_dir is not None:  # where nccl's watchdog writes its own dump on a timeout
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(run_dir) / "flight_recorder" / "rank"))
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    if detail:
+        enable_fingerprints()
 
 
-_WRAPPED = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-            "reduce_scatter_tensor", "all_to_all_single", "barrier", "all_gather_object",
-            "broadcast_object_list")
-_state = {"originals": {}, "recorder": None, "fingerprints": False, "timeout_s": 60.0,
-          "seq": collections.Counter(), "lock": threading.Lock(), "in_check": threading.local()}
+def enable_fingerprints() -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL for process groups created from now on."""
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
 
 
-def enabled() -> bool:
-    return bool(_state["originals"])
+def env_detail() -> bool:
+    """Fingerprints asked for from the environment (MINDDP_DEBUG=1 or torch's own variable)."""
+    return os.environ.get("MINDDP_DEBUG") == "1" or os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL"
 
 
-def enable(record: int = 2000, fingerprints: bool = False, timeout_s: float = 60.0) -> None:
-    """Wrap the collectives (idempotent). record: ring-buffer length (0: no recorder)."""
-    _state["recorder"] = collections.deque(maxlen=record) if record else None
-    _state["fingerprints"], _state["timeout_s"] = fingerprints, timeout_s
-    for name in _WRAPPED:
-        if name not in _state["originals"]:
-            original = getattr(dist, name)
-            _state["originals"][name] = original
-            setattr(dist, name, _wrap(name, original))
+def recording() -> bool:
+    return int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0) > 0
 
 
-def disable() -> None:
-    for name, original in _state["originals"].items():
-        setattr(dist, name, original)
-    _state["originals"].clear()
-    _state["recorder"] = None
-    _state["seq"].clear()
+def set_context(**kw) -> None:
+    """Where the trainer is (step, phase): a dict update, free enough for every step."""
+    _context.update(kw)
 
 
-def _describe(name, args, kwargs):
-    tensor = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)), None)
-    if tensor is None:
-        lists = [a for a in args if isinstance(a, list) and a and isinstance(a[0], torch.Tensor)]
-        tensor = lists[0][0] if lists else None
-    group = kwargs.get("group")
-    if group is None:
-        group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
-    group = group or dist.group.WORLD
-    ranks = tuple(dist.get_process_group_ranks(group))
-    shape = list(tensor.shape) if tensor is not None else []
-    dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else "object"
-    return group, ranks, shape, dtype
+def register_groups(*groups) -> None:
+    """Remember the ranks of these process groups (torch's gloo dump has none)."""
+    for g in groups:
+        g = g or dist.group.WORLD
+        _context["groups"][g.group_name] = dist.get_process_group_ranks(g)
 
 
-def _wrap(name, original):
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        local = _state["in_check"]
-        if getattr(local, "busy", False):  # our own bookkeeping (e.g. object collectives inside)
-            return original(*args, **kwargs)
-        local.busy = True
-        try:
-            group, ranks, shape, dtype = _describe(name, args, kwargs)
-            with _state["lock"]:
-                _state["seq"][ranks] += 1
-                seq = _state["seq"][ranks]
-            if _state["fingerprints"] and len(ranks) > 1:
-                _check_fingerprint(group, ranks, seq, (name, dtype, shape))
-            entry = {"seq": seq, "op": name, "dtype": dtype, "shape": shape, "group": list(ranks),
-                     "start": time.time(), "end": None, "state": "started"}
-            rec = _state["recorder"]
-            if rec is not None:
-                rec.append(entry)
-        finally:
-            local.busy = False
-        try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            entry["state"] = "failed"
-            raise
-        if kwargs.get("async_op") and result is not None:
-            # no callback on the comm thread (it could outlive the process group at exit):
-            # the work is polled when the recorder is dumped
-            entry["work"] = result
-        else:
-            entry["end"], entry["state"] = time.time(), "completed"
-        return result
-
-    return wrapper
-
-
-def _fmt(rank, fp, seq):
-    op, dtype, shape = fp
-    return f"rank {rank} called {op}({dtype}, shape {shape}) at #{seq}"
-
-
-def _check_fingerprint(group, ranks, seq, fp) -> None:
-    store = _compat.default_store()
-    me = dist.get_rank()
-    tag = "-".join(map(str, ranks))
-    key = lambda r, s: f"minddp/fp/{tag}/{s}/{r}"  # noqa: E731
-    store.set(key(me, seq), json.dumps(fp))
-    peers = [r for r in ranks if r != me]
-    try:
-        store.wait([key(r, seq) for r in peers], timedelta(seconds=_state["timeout_s"]))
-    except Exception:  # noqa: BLE001 - store timeouts have several types across versions
-        missing = [r for r in peers if not store.check([key(r, seq)])]
-        raise CollectiveMismatchError(
-            f"{_fmt(me, fp, seq)} in group {list(ranks)}, but rank(s) {missing} did not reach "
-            f"collective #{seq} within {_state['timeout_s']:g}s: they are stuck earlier or took a "
-            "different code path (a collective inside `if rank == ...`?)") from None
-    theirs = {r: tuple(json.loads(store.get(key(r, seq)))) for r in peers}
-    theirs[me] = tuple(json.loads(json.dumps(fp)))
-    first = ranks[0]
-    for r in ranks:
-        if theirs[r] != theirs[first]:
-            raise CollectiveMismatchError(
-                f"collective mismatch in group {list(ranks)}: {_fmt(r, theirs[r], seq)} while "
-                f"{_fmt(first, theirs[first], seq)}. Every rank must call the same collectives in "
-                "the same order; branch on the rank only after them.")
-    if seq > 2:  # every peer has read it: they all published seq-1, so they checked seq-2
-        store.delete_key(key(me, seq - 2))
-
-
-def dump(run_dir, reason: str = "") -> Path | None:
-    """Write this rank's flight recorder to <run_dir>/flight_recorder/rank<r>.json."""
-    rec = _state["recorder"]
-    if rec is None:
+def dump(run_dir, reason: str = "", force: bool = False) -> Path | None:
+    """Write torch's flight recorder and minddp's context for this rank; None if not recording."""
+    global _dumped
+    if not recording() or not dist.is_initialized() or (_dumped and not force):
         return None
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    d = Path(run_dir) / "flight_recorder"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"rank{rank}.json"
-    entries = []
-    for e in list(rec):
-        e = dict(e)
-        work = e.pop("work", None)
-        if work is not None and e["state"] == "started" and work.is_completed():
-            e["state"] = "completed"  # async: finished, end time not observed
-        entries.append(e)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": rank, "reason": reason, "time": time.time(),
-                               "entries": entries}, indent=0))
+    _dumped = True
+    rank = dist.get_rank()
+    raw = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    path = _atomic_write(Path(run_dir) / "flight_recorder" / f"rank{rank}", raw)
+    context = {"rank": rank, "world_size": dist.get_world_size(), "reason": reason,
+               "time": time.time(), **_context}
+    _atomic_write(Path(run_dir) / "flight_recorder_context" / f"rank{rank}.json",
+                  json.dumps(context, indent=1).encode())
+    return path
+
+
+def _atomic_write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
 
 
+# ------------------------------------------------------------------ analysis
+def load_dumps(run_dir) -> tuple[dict[int, dict], dict[int, dict]]:
+    """({rank: torch's dump}, {rank: minddp's context}) from a run directory."""
+    dumps, contexts = {}, {}
+    for p in sorted((Path(run_dir) / "flight_recorder").glob("rank*")):
+        if p.name[4:].isdigit():
+            dumps[int(p.name[4:])] = safe_pickle.load(p)
+    for p in sorted((Path(run_dir) / "flight_recorder_context").glob("rank*.json")):
+        c = json.loads(p.read_text())
+        contexts[c["rank"]] = c
+    return dumps, contexts
+
+
+def describe(entry: dict) -> str:
+    op = entry["profiling_name"].split(":")[-1]
+    dtypes = ",".join(_DTYPES.get(d, d) for d in entry["input_dtypes"]) or "-"
+    shapes = entry["input_sizes"]
+    shape = shapes[0] if len(shapes) == 1 else shapes
+    return f"#{entry['collective_seq_id']} {op}({dtypes}, shape {list(shape)})"
+
+
+def _members(pg: str, dumps, contexts) -> list[int]:
+    for c in contexts.values():
+        if pg in c.get("groups", {}):
+            return c["groups"][pg]
+    if pg == "0":  # the default group: every rank
+        world = max([c["world_size"] for c in contexts.values()] + [max(dumps) + 1])
+        return list(range(world))
+    return sorted(r for r, d in dumps.items() if any(e["process_group"][0] == pg for e in d["entries"]))
+
+
 def analyze(run_dir) -> str:
-    """Who is stuck where: compare every rank's last collectives, group by group."""
-    dumps = {}
-    for p in sorted((Path(run_dir) / "flight_recorder").glob("rank*.json")):
-        d = json.loads(p.read_text())
-        dumps[d["rank"]] = d
+    """Who is stuck where: every rank's last collective, group by group."""
+    dumps, contexts = load_dumps(run_dir)
     if not dumps:
         return f"no flight recorder dumps under {run_dir}/flight_recorder"
-    lines = [f"flight recorder dumps from ranks {sorted(dumps)}"
-             + (f" (reasons: {sorted({d['reason'] for d in dumps.values() if d['reason']})})" or "")]
-    groups = sorted({tuple(e["group"]) for d in dumps.values() for e in d["entries"]})
-    for g in groups:
-        last = {}
-        for r, d in dumps.items():
-            mine = [e for e in d["entries"] if tuple(e["group"]) == g]
-            if mine:
-                last[r] = mine[-1]
-        if not last:
-            continue
-        top = max(e["seq"] for e in last.values())
-        lines.append(f"group {list(g)}: furthest collective #{top}")
-        for r in g:
-            e = last.get(r)
-            if e is None:
-                lines.append(f"  rank {r}: no dump or no collective in this group (dead or never started?)")
-                continue
-            desc = f"#{e['seq']} {e['op']}({e['dtype']}, shape {e['shape']}) {e['state']}"
-            if e["state"] != "completed":
-                lines.append(f"  rank {r}: STUCK in {desc}" + (
-                    "" if e["seq"] == top else f" while others moved on to #{top}"))
-            elif e["seq"] < top:
-                lines.append(f"  rank {r}: last {desc}: never called #{e['seq'] + 1}, "
-                             "which the others are waiting in")
-            else:
-                lines.append(f"  rank {r}: {desc}")
+    lines = [f"flight recorder dumps from ranks {sorted(dumps)}"]
+    for r, c in sorted(contexts.items()):
+        lines.append(f"  rank {r}: dumped at step {c.get('step')} ({c.get('phase')}): {c['reason'][:200]}")
+    pgs = sorted({e["process_group"][0] for d in dumps.values() for e in d["entries"] if not e["is_p2p"]})
+    for pg in pgs:
+        lines += _analyze_group(pg, _members(pg, dumps, contexts), dumps)
     return "\n".join(lines)
+
+
+def _analyze_group(pg, members, dumps) -> list[str]:
+    last = {}
+    for r, d in dumps.items():
+        mine = [e for e in d["entries"] if e["process_group"][0] == pg and not e["is_p2p"]]
+        if mine:
+            last[r] = mine[-1]
+    top = max(e["collective_seq_id"] for e in last.values())
+    waiting = sorted(r for r, e in last.items() if e["collective_seq_id"] == top)
+    behind = [r for r in members if r not in waiting]
+    lines = [f"group {members} (process group {pg}): furthest collective {describe(last[waiting[0]])}"]
+    if behind:
+        lines.append(f"  ranks {waiting} are in {describe(last[waiting[0]])}; "
+                     f"ranks {behind} never called it")
+    for r in members:
+        e = last.get(r)
+        if r not in dumps:
+            lines.append(f"  rank {r}: no dump (killed, or never started?)")
+        elif e is None:
+            lines.append(f"  rank {r}: no collective in this group")
+        elif e["collective_seq_id"] < top:
+            lines.append(f"  rank {r}: last {describe(e)}: never called #{top}, "
+                         f"which ranks {waiting} are waiting in")
+        else:
+            status = dumps[r].get("pg_status", {}).get(pg, {})
+            done = status.get("last_completed_collective", top)
+            state = " (not completed)" if isinstance(done, int) and 0 <= done < top else ""
+            lines.append(f"  rank {r}: in {describe(e)}{state}")
+    return lines
 
 
 def main(argv=None) -> None:

@@ -215,24 +215,27 @@ def _like_param(v) -> bool:
     return isinstance(v, torch.Tensor) and v.dim() > 0  # exp_avg etc.; not the scalar 'step'
 
 
-def clip_grad_norm_(params, max_norm: float, group=None, tp_size: int = 1) -> torch.Tensor:
-    """Global-norm clipping over the whole (unsplit) model: sharded gradients' squares are
-    summed over the tp group, replicated ones counted once."""
-    params = [p for p in params if p.grad is not None]
+def grad_norm(params, group=None, tp_size: int = 1) -> torch.Tensor:
+    """Global L2 norm of the gradients of the whole (unsplit) model: sharded gradients'
+    squares are summed over the tp group, replicated ones counted once. No host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
     if tp_size == 1:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    device = params[0].grad.device
-    sharded = torch.zeros((), dtype=torch.float32, device=device)
-    replicated = torch.zeros((), dtype=torch.float32, device=device)
-    for p in params:
-        sq = p.grad.detach().float().square().sum()
-        if getattr(p, "tp_shard", None):
-            sharded += sq
-        else:
-            replicated += sq
-    dist.all_reduce(sharded, group=group)
-    total = (sharded + replicated).sqrt()
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for p in params:
-        p.grad.detach().mul_(coef)
+        return torch.nn.utils.get_total_norm(grads)
+    sharded = [g for p, g in zip([p for p in params if p.grad is not None], grads)
+               if getattr(p, "tp_shard", None)]
+    replicated = [g for p, g in zip([p for p in params if p.grad is not None], grads)
+                  if not getattr(p, "tp_shard", None)]
+    device = grads[0].device
+    sq = lambda gs: sum((g.detach().float().square().sum() for g in gs),  # noqa: E731
+                        torch.zeros((), dtype=torch.float32, device=device))
+    sharded_sq = sq(sharded)
+    dist.all_reduce(sharded_sq, group=group)
+    return (sharded_sq + sq(replicated)).sqrt()
+
+
+def clip_grad_norm_(params, max_norm: float, group=None, tp_size: int = 1) -> torch.Tensor:
+    """Global-norm clipping over the whole (unsplit) model; returns the norm before clipping."""
+    params = [p for p in params if p.grad is not None]
+    total = grad_norm(params, group, tp_size)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total

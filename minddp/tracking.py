@@ -76,12 +76,14 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         shown = {"loss": f"{row['loss']:.4f}", "tok/s": f"{row.get('tokens_per_s', 0):.0f}"}
+        if "mfu" in row:
+            shown["mfu"] = f"{100 * row['mfu']:.1f}%"
         if "val_loss" in row:
             shown["val"] = f"{row['val_loss']:.4f}"
         if self.interactive:
             self.bar.set_postfix(shown, refresh=False)
-            self.bar.update(1)
-        elif row["step"] % self.log_every == 0 or row["step"] == self.total or "val_loss" in row:
+            self.bar.update(row["step"] - self.bar.n)
+        elif row["step"] % max(10, self.log_every) == 0 or row["step"] == self.total or "val_loss" in row:
             log.info(f"step {row['step']}/{self.total} " + " ".join(f"{k} {v}" for k, v in shown.items()))
 
     def info(self, msg: str) -> None:

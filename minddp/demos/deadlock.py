@@ -1,9 +1,9 @@
 """The forbidden conditional collective, `if rank == 0: all_reduce(...)`, and the fix.
 
 Rank 0 waits for partners that never come. With no timeout that is a silent hang.
-1. minddp's fingerprints (minddp.debug) compare every collective before it runs: the
-   others' next collective (a barrier) does not match rank 0's all_reduce, and every rank
-   raises an error naming both calls, at once.
+1. torch's collective fingerprints (TORCH_DISTRIBUTED_DEBUG=DETAIL, `ddp.debug=true` in the
+   trainer) compare every collective before it runs: the others' next collective (a barrier)
+   does not match rank 0's all_reduce, and every rank raises an error naming both calls.
 2. Without them, a short group timeout turns the hang into an error on rank 0.
 3. The corrected version calls the collective on every rank and branches afterwards.
 """
@@ -22,19 +22,21 @@ TIMEOUT_S = 3
 
 def run() -> None:
     r = dist.get_rank()
-    debug.enable(record=100, fingerprints=True, timeout_s=30)
+    level = dist.get_debug_level()
+    debug.enable_fingerprints()
+    checked = dist.new_group(timeout=timedelta(seconds=30))  # groups created now are checked
+    dist.set_debug_level(level)
     fingerprint_error = ""
     try:
         if r == 0:  # WRONG
-            dist.all_reduce(torch.ones(1))
-        dist.barrier()
-    except debug.CollectiveMismatchError as e:
+            dist.all_reduce(torch.ones(1), group=checked)
+        dist.barrier(group=checked)
+    except RuntimeError as e:
         fingerprint_error = str(e)
-    finally:
-        debug.disable()
-    assert "called all_reduce" in fingerprint_error and "called barrier" in fingerprint_error
-    print_table("deadlock with minddp fingerprints: every rank gets the error at once",
-                [fingerprint_error[:150]])
+    assert "Detected mismatch between collectives" in fingerprint_error, fingerprint_error
+    assert r != 0 or "OpType=ALLREDUCE" in fingerprint_error, fingerprint_error
+    print_table("deadlock with torch's fingerprints (DETAIL): every rank gets the error at once",
+                [fingerprint_error.split(", TensorDtypes")[0].split(", TensorShape")[0][:150]])
 
     short = dist.new_group(timeout=timedelta(seconds=TIMEOUT_S))  # every rank creates it
     t = torch.ones(1)

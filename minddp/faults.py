@@ -1,0 +1,27 @@
+"""Fault injection, to rehearse the failure paths on a real run (train.fault_* keys).
+
+One hook, called once per step after the backward pass; off unless a step is named.
+- fault_nan_step/rank: this rank's loss and one gradient become NaN *after* the reduction,
+  so only this rank sees it (stepping alone would silently split the replicas).
+- fault_sleep_step/rank/s: this rank stalls inside the step, as if stuck in a kernel or
+  on a slow filesystem; the others wait in the next collective until train.timeout_s.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class Faults:
+    def __init__(self, train_cfg, rank: int):
+        self.t, self.rank = train_cfg, rank
+
+    def after_backward(self, step: int, model: torch.nn.Module, loss_sum: torch.Tensor) -> None:
+        t = self.t
+        if step == t.fault_nan_step and self.rank == t.fault_nan_rank:
+            loss_sum.fill_(float("nan"))
+            next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+        if step == t.fault_sleep_step and self.rank == t.fault_sleep_rank:
+            time.sleep(t.fault_sleep_s)

@@ -1,0 +1,375 @@
+"""The training loop, read top to bottom: setup, train_step, evaluate, save and load.
+
+    Trainer(cfg, run_dir).fit()
+
+One optimizer step (`train_step`): forward and backward over the micro-batches, with the
+gradient reduction only on the last (torch DDP's `require_backward_grad_sync`, the way
+nanoGPT does it); one small all-reduce that decides for every rank together (the global
+loss, a stop request, a non-finite loss or gradient), which is the step's only host sync;
+then the optimizer. The global batch is fixed, so the loss curve does not depend on the
+number of processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.nn import functional as F
+
+from . import _compat, checkpoint, consistency, debug, flops, timeline
+from . import tensor_parallel as tp
+from .config import validate
+from .data import ShardedBatches, build_datasets, collate, vocab_size_of
+from .ddp import DistributedDataParallel
+from .dist import init_distributed
+from .faults import Faults
+from .mesh import Mesh
+from .model import GPT, MLP, GPTConfig, MLPConfig
+from .signals import StopRequest
+from .steptrace import StepTrace
+from .tracking import NullTracker, Tracker
+
+log = logging.getLogger("minddp")
+
+
+def build_model(m, vocab_size: int) -> torch.nn.Module:
+    """The model for a `model=` config group (its schema is the model's own config + name)."""
+    cls, cfg_cls = (GPT, GPTConfig) if m.name == "gpt" else (MLP, MLPConfig)
+    kwargs = {f.name: m[f.name] for f in dataclasses.fields(cfg_cls)}
+    return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
+
+
+def build_optimizer(model, o, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters);
+    no weight decay on biases, norms and other vectors (GPT-2 practice)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2),
+                             fused=device.type in ("cpu", "cuda"))
+
+
+def lr_factor(step: int, o, max_steps: int) -> float:
+    """Linear warmup, then cosine decay from lr to min_lr at max_steps (a factor of lr)."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
+    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr
+
+
+def run_name(cfg, world_size: int, dims) -> str:
+    return cfg.wandb.name or (f"{cfg.model.name}-ws{world_size}-dp{dims.dp}-tp{dims.tp}"
+                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb or 25:g}")
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over data-parallel ranks (NaN if some rank saw a non-finite value)
+    grad_norm: torch.Tensor
+    skipped: bool
+    stop_requested: bool
+    seconds: float = 0.0
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: str):
+        self.cfg, self.t, self.run_dir = cfg, cfg.train, str(run_dir)
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, t = self.cfg, self.t
+        debug.configure(t.flight_recorder, self.run_dir, detail=cfg.ddp.debug or debug.env_detail())
+        self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
+        derived = validate(cfg, info.world_size)
+        self.dims, self.accum = derived["dims"], derived["accum"]
+        self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
+        debug.register_groups(None, mesh.dp_group, mesh.tp_group)
+        if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
+            quiet_logging()
+        self.vocab_size = vocab_size_of(cfg.data, cfg.model.vocab_size)
+        self.model = self._build_model()
+        self.train_set, self.val_set = build_datasets(cfg.data, cfg.model.block_size, self.vocab_size)
+        self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
+                                      self.accum, cfg.seed, info.device)
+        self.ckpt_path, state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device)
+        self._load_model(state)
+        self.ddp = self._wrap(self.model)
+        self.opt = build_optimizer(self.model, cfg.optim, info.device)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
+        self.start = self._load_training_state(state)
+        self._setup_throughput()
+        self.tracker = self._make_tracker()
+        self.faults = Faults(t, info.rank)
+        self.stop = StopRequest(on_signal=lambda: debug.dump(self.run_dir, f"signal {self.stop.name}"))
+        self._arm_timeout()
+
+    def _build_model(self) -> torch.nn.Module:
+        cfg, mesh = self.cfg, self.mesh
+        torch.manual_seed(cfg.seed)  # same initial weights everywhere (and broadcast anyway)
+        model = build_model(cfg.model, self.vocab_size)
+        if self.dims.tp_enabled:  # built whole, then sliced: tp=2 starts from the tp=1 weights
+            model = tp.parallelize_gpt(model, mesh.tp_group, mesh.tp_size, mesh.tp_rank)
+        # dropout masks differ across data-parallel ranks, agree within a tp group
+        torch.manual_seed(cfg.seed + 1 + mesh.dp_rank)
+        return model.to(self.info.device)
+
+    def _wrap(self, model) -> DistributedDataParallel:
+        d = self.cfg.ddp
+        return DistributedDataParallel(
+            model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
+            find_unused_parameters=d.find_unused_parameters, broadcast_buffers=d.broadcast_buffers,
+            overlap=d.overlap, reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm,
+            strict_bucket_cap=d.strict_bucket_cap)
+
+    def _setup_throughput(self) -> None:
+        """Tokens per step, FLOPs per token and the device peak, for tokens/s, TFLOP/s and MFU."""
+        t, mesh = self.t, self.mesh
+        self.tokens_per_step = t.global_batch_size * self.cfg.model.block_size
+        self.num_params = full = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
+                                     for p in self.model.parameters())
+        self.flops_per_token = flops.flops_per_token(self.cfg.model, full)
+        peak, self.peak_source = flops.peak_tflops(self.info.device, t.peak_tflops)
+        peaks = torch.tensor([peak], dtype=torch.float64, device=self.info.device)
+        dist.all_reduce(peaks)  # the job's peak: the sum over processes (each measured its own)
+        self.job_peak_tflops = peaks.item()
+
+    def _make_tracker(self):
+        cfg, info, t = self.cfg, self.info, self.t
+        if not info.is_main:
+            return NullTracker()
+        name = run_name(cfg, info.world_size, self.dims)
+        tracker = Tracker(self.run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.wandb, name,
+                          t.max_steps, self.start, t.log_every)
+        tracker.info(
+            f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} ({info.backend} on "
+            f"{info.device.type}), dp {self.dims.dp} x tp {self.dims.tp}, accumulation {self.accum}, "
+            f"{len(self.ddp.bucket_assignment)} buckets, peak {self.job_peak_tflops:.3g} TFLOP/s for the "
+            f"job ({self.peak_source}), run dir {self.run_dir}"
+            + (f", resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
+        return tracker
+
+    def _arm_timeout(self) -> None:
+        """From now on a collective that does not complete within train.timeout_s is an error.
+        The barrier first: a rank still in its slow start-up (imports, W&B) must not be
+        timed out by the others' short timeout."""
+        dist.barrier()
+        for group in {None, self.mesh.dp_group, self.mesh.tp_group}:
+            _compat.set_pg_timeout(self.t.timeout_s, group)
+
+    # ------------------------------------------------------------------- loop
+    def fit(self) -> None:
+        t, window = self.t, []
+        try:
+            for step in range(self.start + 1, t.max_steps + 1):
+                t0 = time.perf_counter()
+                result = self.train_step(step)
+                result.seconds = time.perf_counter() - t0
+                window.append(result)
+                stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
+                if self._should_log(step, result, stopping):
+                    self.log(step, window)
+                    window = []
+                if result.skipped and t.on_nonfinite == "stop":
+                    raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
+                                             "(train.on_nonfinite=stop); the last checkpoint is intact")
+                if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
+                    self.save(step)
+                if stopping:
+                    why = "a stop signal" if result.stop_requested else "train.stop_at_step"
+                    self.tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
+                    break
+        finally:
+            self.tracker.close()
+        # leave together: a rank that tears down its process group while a peer is still in
+        # a collective makes gloo's connection threads abort the peer at exit
+        dist.barrier()
+
+    def train_step(self, step: int) -> StepResult:
+        """Forward and backward over this rank's micro-batches, then the optimizer step."""
+        debug.set_context(step=step, phase="forward/backward")
+        tracer = StepTrace(self.ddp) if step == self.t.trace_step else None
+        loss_sum = self.forward_backward(self.batches.get(step - 1), tracer)
+        self.faults.after_backward(step, self.model, loss_sum)
+        debug.set_context(phase="optimizer")
+        norm = self.grad_norm()
+        loss, stop, skip = self.agree(loss_sum, norm)
+        if skip:
+            log.warning(f"step {step}: non-finite loss or gradient on some rank; all ranks "
+                        f"{'skip this step' if self.t.on_nonfinite == 'skip' else 'stop'}")
+        else:
+            self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        if tracer:
+            self._write_trace(step, tracer)
+        return StepResult(loss, norm, skip, stop)
+
+    def forward_backward(self, micro_batches, tracer=None) -> torch.Tensor:
+        """Sum of the micro-batch losses (each divided by accum), left on the device."""
+        loss_sum = torch.zeros((), device=self.info.device)
+        for m, (x, y) in enumerate(micro_batches):
+            # reduce only on the last micro-batch: the attribute no_sync() toggles
+            self.ddp.require_backward_grad_sync = m == self.accum - 1
+            ts = time.perf_counter()
+            with self.autocast():
+                logits = self.ddp(x)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / self.accum
+            tb = time.perf_counter()
+            loss.backward()
+            if tracer:
+                tracer.span(f"forward {m}", ts, tb)
+                tracer.span(f"backward {m}", tb, time.perf_counter())
+            loss_sum += loss.detach()
+        self.ddp.require_backward_grad_sync = True
+        return loss_sum
+
+    def autocast(self):
+        return torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.t.bf16)
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
+        params, mesh, clip = list(self.model.parameters()), self.mesh, self.cfg.optim.grad_clip
+        if clip > 0:
+            return tp.clip_grad_norm_(params, clip, mesh.tp_group, mesh.tp_size)
+        return tp.grad_norm(params, mesh.tp_group, mesh.tp_size)
+
+    def agree(self, loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple[float, bool, bool]:
+        """One all-reduce decides for every rank together: the global loss (the mean over
+        data-parallel ranks, not rank 0's shard), whether someone was asked to stop, and
+        whether any rank saw a non-finite loss or gradient (then all skip, or all stop)."""
+        dev = self.info.device
+        nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norm.to(dev))
+        flags = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=dev),
+                             nonfinite.float()])
+        dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+        loss, stop, skip = flags.tolist()  # the step's one host sync
+        return loss, stop > 0, skip > 0
+
+    # ---------------------------------------------------------------- logging
+    def _should_log(self, step: int, result: StepResult, stopping: bool) -> bool:
+        t = self.t
+        return (step % t.log_every == 0 or step == t.max_steps or stopping or result.skipped
+                or self._eval_due(step))
+
+    def _eval_due(self, step: int) -> bool:
+        return bool(self.t.eval_every and step % self.t.eval_every == 0) or step == self.t.max_steps
+
+    def log(self, step: int, window: list[StepResult]) -> None:
+        """One metrics row for the steps since the last one (means over them); evaluation and
+        the replica check run here too, on every rank (they are collectives)."""
+        seconds = sum(r.seconds for r in window) / len(window)
+        tokens_per_s = self.tokens_per_step / seconds
+        tflops, mfu = flops.utilisation(tokens_per_s, self.flops_per_token, self.job_peak_tflops, 1)
+        s = self.ddp.comm_stats
+        row = {"step": step, "loss": sum(r.loss for r in window) / len(window),
+               "lr": self.sched.get_last_lr()[0], "step_time_s": seconds, "tokens_per_s": tokens_per_s,
+               "tflops": tflops, "mfu": mfu, "epoch": self.batches.position(step - 1)[0],
+               "samples_seen": self.batches.samples_seen(step),
+               "grad_norm": window[-1].grad_norm.item(),
+               "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
+               "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
+               "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds}
+        self.skipped = getattr(self, "skipped", 0) + sum(r.skipped for r in window)
+        if self.skipped:
+            row["skipped_steps"] = self.skipped
+        if self.t.check_every and step % self.t.check_every == 0:
+            consistency.check_replicas(self.model, self.mesh.dp_group)
+        if self._eval_due(step):
+            row["val_loss"] = self.evaluate()
+        self.tracker.log(row)
+
+    def _write_trace(self, step: int, tracer: StepTrace) -> None:
+        # a collective (every rank's trace to every rank), then rank 0 writes
+        traces = {f"step {step}, overlap={self.cfg.ddp.overlap}": timeline.gather(tracer.stop())}
+        if self.info.is_main:
+            files = timeline.write(traces, f"{self.run_dir}/trace_step{step}")
+            log.info(f"wrote {files[0]} and {files[1]}")
+
+    # ------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Exact mean token loss over the first train.eval_samples validation windows (all
+        if 0), for any dp size: rank r takes windows r, r+dp, ... (no padding, nothing
+        counted twice); sums and counts are all-reduced. The unwrapped model is used, so
+        ranks may run different numbers of batches."""
+        debug.set_context(phase="evaluate")
+        t, mesh, dev, model = self.t, self.mesh, self.info.device, self.model
+        n = len(self.val_set) if t.eval_samples <= 0 else min(len(self.val_set), t.eval_samples)
+        mine = list(range(mesh.dp_rank, n, mesh.dp_size))
+        model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=dev)
+        for s in range(0, len(mine), t.micro_batch_size):
+            x, y = collate(self.val_set, mine[s : s + t.micro_batch_size], dev)
+            with self.autocast():
+                logits = model(x)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+            total += torch.stack([loss.double(), torch.tensor(y.numel(), dtype=torch.float64, device=dev)])
+        dist.all_reduce(total, group=mesh.dp_group)
+        model.train()
+        return (total[0] / total[1]).item()
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self, step: int) -> None:
+        """Collectives first, on every rank (full tensors gathered over tp, RNG states), then
+        rank 0 writes atomically. Positions are global (samples seen), so any dp can resume."""
+        debug.set_context(phase="checkpoint")
+        mesh = self.mesh
+        model_state = tp.full_state_dict(self.model, mesh.tp_group, mesh.tp_size)
+        opt_state = tp.full_optimizer_state(self.opt, self.model, mesh.tp_group, mesh.tp_size)
+        rng = [None] * self.info.world_size
+        dist.all_gather_object(rng, rng_state(self.info.device))
+        if self.info.is_main:
+            epoch, pos = self.batches.position(step)
+            path = checkpoint.save(self.run_dir, step, {
+                "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
+                "step": step, "epoch": epoch, "position_in_epoch": pos,
+                "samples_seen": self.batches.samples_seen(step), "rng": rng})
+            self.tracker.info(f"saved {path}")
+
+    def _load_model(self, state) -> None:
+        if not state:  # checkpoints hold full tensors: any layout can resume any other
+            return
+        try:
+            tp.load_full_state_dict(self.model, state["model"], self.mesh.tp_size, self.mesh.tp_rank)
+        except (RuntimeError, KeyError) as e:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {self.ckpt_path} was written by a different model: "
+                f"{str(e).splitlines()[0]} ... Use the model config it was trained with, "
+                "or train.resume=none") from None
+
+    def _load_training_state(self, state) -> int:
+        if not state:
+            return 0
+        tp.load_full_optimizer_state(self.opt, state["optimizer"], self.mesh.tp_size, self.mesh.tp_rank)
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"][self.info.rank % len(state["rng"])], self.info.device)
+        return state["step"]
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state, device: torch.device) -> None:
+    if isinstance(state, torch.Tensor):  # checkpoints before CUDA states were saved
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def quiet_logging() -> None:
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]
+    log.setLevel(logging.WARNING)
