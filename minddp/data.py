@@ -144,14 +144,32 @@ def token_files(folder, split: str) -> list[Path]:
     return files
 
 
-def check_token_range(shards, vocab_size: int, where: str, sample: int = 1 << 20) -> None:
-    """A token id >= vocab_size would index past the embedding: fail before training.
-    Scans a bounded prefix and a strided pass, never the whole file."""
+def token_range_max(path, dtype, offset: int, count: int, head: int = 1 << 20,
+                    chunks: int = 256, chunk: int = 4096) -> int:
+    """The largest token id in a bounded sample: the first `head` tokens plus `chunks`
+    evenly spaced runs of `chunk` tokens. Plain reads, not the memmap: a strided pass
+    through a memmap would map every page of a many-GB file into this process."""
+    dtype = np.dtype(dtype)
+    starts = [0]
+    if count > chunk:
+        starts += [int(i * (count - chunk) / max(1, chunks - 1)) for i in range(chunks)]
+    top = 0
+    with open(path, "rb") as f:
+        for k, start in enumerate(starts):
+            n = min(head if k == 0 else chunk, count - start)
+            f.seek(offset + start * dtype.itemsize)
+            part = np.frombuffer(f.read(max(0, n) * dtype.itemsize), dtype=dtype)
+            if len(part):
+                top = max(top, int(part.max()))
+    return top
+
+
+def check_token_range(shards, vocab_size: int, where: str) -> None:
+    """A token id >= vocab_size would index past the embedding: fail before training."""
     for path, arr in shards:
         if not len(arr):
             continue
-        stride = max(1, len(arr) // sample)
-        top = max(int(arr[:sample].max()), int(arr[::stride].max()))
+        top = token_range_max(path, arr.dtype, arr.offset, len(arr))
         if top >= vocab_size:
             raise ConfigError(f"{path} holds token id {top} but the vocabulary has {vocab_size} tokens "
                               f"({where}); set model.vocab_size > {top} or check data.dtype")
@@ -280,9 +298,18 @@ class ShardedBatches:
     def get(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         epoch, k = self.position(step)
         if epoch != self.epoch:
-            self.sampler.set_epoch(epoch)  # a new order every epoch
-            self.epoch, self._indices = epoch, list(self.sampler)
+            self.epoch, self._indices = epoch, self.epoch_indices(epoch)  # a new order every epoch
         per_step = self.micro * self.accum
-        idx = self._indices[k * per_step : (k + 1) * per_step]
+        idx = self._indices[k * per_step : (k + 1) * per_step].tolist()
         return [collate(self.dataset, idx[m * self.micro : (m + 1) * self.micro], self.device)
                 for m in range(self.accum)]
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        """Exactly `DistributedSampler(shuffle=True, drop_last=True)`'s order after set_epoch(epoch),
+        kept as one int64 tensor: a Python list of every window index would cost ~36 bytes
+        per window, and grow with the data set."""
+        s = self.sampler
+        g = torch.Generator()
+        g.manual_seed(s.seed + epoch)
+        perm = torch.randperm(len(self.dataset), generator=g)[: s.total_size]
+        return perm[s.rank : s.total_size : s.num_replicas].clone()

@@ -75,19 +75,26 @@ def register_groups(*groups) -> None:
         _context["groups"][g.group_name] = dist.get_process_group_ranks(g)
 
 
-def dump(run_dir, reason: str = "", force: bool = False) -> Path | None:
-    """Write torch's flight recorder and minddp's context for this rank; None if not recording."""
+def dump(run_dir, reason: str = "") -> Path | None:
+    """Write torch's flight recorder and minddp's context for this rank; None if not recording.
+
+    The first dump of a process is kept: it shows the state when the problem was seen
+    (later errors are usually its consequences, and only add their reason to the context)."""
     global _dumped
-    if not recording() or not dist.is_initialized() or (_dumped and not force):
+    if not recording() or not dist.is_initialized():
         return None
-    _dumped = True
     rank = dist.get_rank()
-    raw = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
-    path = _atomic_write(Path(run_dir) / "flight_recorder" / f"rank{rank}", raw)
-    context = {"rank": rank, "world_size": dist.get_world_size(), "reason": reason,
-               "time": time.time(), **_context}
-    _atomic_write(Path(run_dir) / "flight_recorder_context" / f"rank{rank}.json",
-                  json.dumps(context, indent=1).encode())
+    path = Path(run_dir) / "flight_recorder" / f"rank{rank}"
+    context_path = Path(run_dir) / "flight_recorder_context" / f"rank{rank}.json"
+    if _dumped:
+        context = json.loads(context_path.read_text())
+        context.setdefault("later", []).append(reason)
+    else:
+        _atomic_write(path, torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+        context = {"rank": rank, "world_size": dist.get_world_size(), "reason": reason,
+                   "time": time.time(), **_context}
+        _dumped = True
+    _atomic_write(context_path, json.dumps(context, indent=1).encode())
     return path
 
 

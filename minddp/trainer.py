@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import resource
 import time
 from dataclasses import dataclass
 
@@ -282,9 +283,17 @@ class Trainer:
             row["skipped_steps"] = self.skipped
         if self.t.check_every and step % self.t.check_every == 0:
             consistency.check_replicas(self.model, self.mesh.dp_group)
+        row["mem/peak_rss_mb"] = self._peak_rss_mb()
         if self._eval_due(step):
             row["val_loss"] = self.evaluate()
         self.tracker.log(row)
+
+    def _peak_rss_mb(self) -> float:
+        """The largest peak resident memory of any rank (a leak shows here first)."""
+        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        peak = torch.tensor([mine], dtype=torch.float64, device=self.info.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return peak.item()
 
     def _write_trace(self, step: int, tracer: StepTrace) -> None:
         # a collective (every rank's trace to every rank), then rank 0 writes
@@ -331,7 +340,8 @@ class Trainer:
             path = checkpoint.save(self.run_dir, step, {
                 "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
                 "step": step, "epoch": epoch, "position_in_epoch": pos,
-                "samples_seen": self.batches.samples_seen(step), "rng": rng})
+                "samples_seen": self.batches.samples_seen(step), "rng": rng,
+                "config": OmegaConf.to_container(self.cfg, resolve=True)})
             self.tracker.info(f"saved {path}")
 
     def _load_model(self, state) -> None:
