@@ -197,6 +197,8 @@ class Trainer:
         """Forward and backward over this rank's micro-batches, then the optimizer step."""
         debug.set_context(step=step, phase="forward/backward")
         tracer = StepTrace(self.ddp) if step == self.t.trace_step else None
+        if tracer:
+            tracer.start()
         loss_sum = self.forward_backward(self.batches.get(step - 1), tracer)
         self.faults.after_backward(step, self.model, loss_sum)
         debug.set_context(phase="optimizer")

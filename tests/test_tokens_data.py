@@ -181,7 +181,8 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         run_train(run, *TOK, "data=tokens", f"data.dir={out}", "train.max_steps=30", "optim.lr=3e-3",
                   "train.eval_every=0")
         s = subprocess.run([sys.executable, "-m", "minddp.sample", str(run), "--prompt", "the quick",
-                            "--tokens", "20", "--temperature", "0"], capture_output=True, text=True, timeout=120)
+                            "--tokens", "20", "--temperature", "0"],
+                           capture_output=True, text=True, timeout=120)
         assert s.returncode == 0, s.stderr[-2000:]
         assert s.stdout.startswith("the quick") and len(s.stdout) > len("the quick") + 5, s.stdout
 
@@ -204,3 +205,16 @@ def test_prepare_refuses_a_vocabulary_that_fits_no_dtype(tmp_path):
     with pytest.raises(PrepareError, match="does not fit uint32"):
         dtype_for(2**33)
     assert dtype_for(65_536) == np.uint16 and dtype_for(65_537) == np.uint32
+
+
+def test_text_cache_follows_the_files_content(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello world\n" * 10)
+    first = data.load_corpus(str(src), 10_000, str(tmp_path / "cache"))
+    assert bytes(first[:5]) == b"hello"
+    (src / "a.txt").write_text("HELLO WORLD, edited\n" * 10)  # same path, new content
+    second = data.load_corpus(str(src), 10_000, str(tmp_path / "cache"))
+    assert bytes(second[:5]) == b"HELLO"
+    assert len(list((tmp_path / "cache").glob("corpus-*.bin"))) == 2
+    assert not list((tmp_path / "cache").glob(".corpus-*"))  # no temporary file left behind

@@ -191,7 +191,7 @@ def test_text_data_from_a_folder(tmp_path):
               "train.micro_batch_size=4", "train.eval_samples=16", "wandb.mode=disabled")
     rows = metrics(tmp_path / "run")
     assert len(rows) == 3 and 0 < rows[0]["loss"] < 6.0 and "val_loss" in rows[-1]
-    assert list((tmp_path / "cache").glob("corpus-*.npy"))
+    assert list((tmp_path / "cache").glob("corpus-*.bin"))  # the text became a token file
 
 
 def test_overlap_timeline_of_one_step(tmp_path):
