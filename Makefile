@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench bench-collectives timeline scaling gpu-check lint clean
+.PHONY: install train sweep test test-fast bench bench-trainer bench-debug bench-collectives timeline scaling gpu-check lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -43,9 +43,20 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# Engine benchmark: minddp vs torch DDP (same bucket caps), overlap on/off; writes docs/bench_ddp.md
+# Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
+# pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
 bench: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp --out docs/bench_ddp.md
+
+# The trainer's step against a bare torch-DDP loop and a nanoGPT-style loop; docs/bench_trainer.md
+bench-trainer: install
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer --out docs/bench_trainer.md
+
+# per-collective cost of torch's flight recorder (off/on, alternately) and DETAIL fingerprints
+bench-debug: install
+	for i in 1 2 3; do for fr in 0 2000; do \
+	  TORCH_FR_BUFFER_SIZE=$$fr $(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_debug 2>/dev/null; \
+	done; done
 
 # nccl-tests-style sweep of every collective, alpha-beta fit, memcpy reference
 bench-collectives: install

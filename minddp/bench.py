@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from . import collectives as C
+from .cli import start, timed
 from .costmodel import busbw_factor, coefficients, parse_size
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -35,13 +34,13 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
           "float16": torch.float16}
 
 
-def _setup(op: str, nbytes: int, dtype, n: int, r: int):
+def _setup(op: str, nbytes: int, dtype, n: int, r: int, device=None):
     """(callable, check) for one size: check() runs one call on known inputs, returns #wrong."""
     esize = torch.empty((), dtype=dtype).element_size()
     count = max(n, nbytes // esize // n * n)  # a multiple of n elements
-    x = torch.ones(count, dtype=dtype)
+    x = torch.ones(count, dtype=dtype, device=device)
     per = count // n
-    pos = torch.arange(count) % 3  # small integers: exact in every dtype
+    pos = torch.arange(count, device=device) % 3  # small integers: exact in every dtype
     if op == "all_reduce":
         fn = lambda: dist.all_reduce(x)  # noqa: E731
         def check():
@@ -56,19 +55,19 @@ def _setup(op: str, nbytes: int, dtype, n: int, r: int):
             fn()
             return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
     elif op == "reduce_scatter":
-        out = torch.empty(per, dtype=dtype)
+        out = torch.empty(per, dtype=dtype, device=device)
         fn = lambda: dist.reduce_scatter_tensor(out, x)  # noqa: E731
         def check():
             x.copy_(pos + r + 1)
             fn()
             return (out != (n * pos[r * per:(r + 1) * per] + n * (n + 1) / 2).to(dtype)).sum().item()
     elif op == "all_gather":
-        mine = torch.empty(per, dtype=dtype)
+        mine = torch.empty(per, dtype=dtype, device=device)
         fn = lambda: dist.all_gather_into_tensor(x, mine)  # noqa: E731
         def check():
             mine.fill_(r + 1)
             fn()
-            return (x != (torch.arange(count) // per + 1).to(dtype)).sum().item()
+            return (x != (torch.arange(count, device=device) // per + 1).to(dtype)).sum().item()
     elif op == "broadcast":
         fn = lambda: dist.broadcast(x, src=0)  # noqa: E731
         def check():
@@ -85,32 +84,30 @@ def _setup(op: str, nbytes: int, dtype, n: int, r: int):
         out = torch.empty_like(x)
         fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
         def check():
-            x.copy_(torch.arange(count) // per * 10 + r)  # block j of rank r: 10j + r
+            x.copy_(torch.arange(count, device=device) // per * 10 + r)  # block j of rank r: 10j + r
             fn()
-            return (out != (r * 10 + torch.arange(count) // per).to(dtype)).sum().item()
+            return (out != (r * 10 + torch.arange(count, device=device) // per).to(dtype)).sum().item()
     else:
         raise ValueError(f"unknown op {op!r}; one of {OPS}")
     return count, fn, check
 
 
-def run_op(op, sizes, dtype, warmup, iters):
+def run_op(op, sizes, dtype, warmup, iters, device=None):
+    device = device or torch.device("cpu")  # called outside a job (tests)
     n, r = dist.get_world_size(), dist.get_rank()
     rows = []
     for nbytes in sizes:
-        count, fn, check = _setup(op, nbytes, dtype, n, r)
+        count, fn, check = _setup(op, nbytes, dtype, n, r, device)
         size = count * torch.empty((), dtype=dtype).element_size()
         for _ in range(warmup):
             fn()
         dist.barrier()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        # synchronised on CUDA: a collective returns once enqueued (cli.timing_strategy)
+        times = [timed(fn, device) for _ in range(iters)]
         # the median iteration: on a shared 2-core VM single iterations stall for milliseconds
-        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
-        wrong = torch.tensor([check()], dtype=torch.int64)
+        wrong = torch.tensor([check()], dtype=torch.int64, device=device)
         dist.all_reduce(wrong)
         sec = t.item()
         algbw = size / sec / 1e9
@@ -130,14 +127,13 @@ def fit_alpha_beta(rows, n) -> tuple[float, float]:
     return alpha, (1 / inv_beta if inv_beta > 0 else float("inf"))
 
 
-def memcpy_bandwidth(nbytes=256 * 2**20, reps=5) -> float:
-    src = torch.ones(nbytes // 4)
+def memcpy_bandwidth(nbytes=256 * 2**20, reps=5, device=None) -> float:
+    device = device or torch.device("cpu")  # called outside a job (tests)
+    src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    return nbytes * reps / (time.perf_counter() - t0)
+    seconds = timed(lambda: [dst.copy_(src) for _ in range(reps)], device)
+    return nbytes * reps / seconds
 
 
 def main(argv=None) -> None:
@@ -150,11 +146,12 @@ def main(argv=None) -> None:
     ap.add_argument("-d", "--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("-w", "--warmup", type=int, default=3)
     ap.add_argument("-n", "--iters", type=int, default=10)
+    ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                    help="auto: nccl on CUDA (device cuda:LOCAL_RANK), else gloo on CPU")
     ap.add_argument("--csv")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    device = start(args.backend).device
     n, rank = dist.get_world_size(), dist.get_rank()
     sizes, s = [], int(args.minbytes)
     while s <= args.maxbytes:
@@ -163,7 +160,7 @@ def main(argv=None) -> None:
     ops = OPS if args.op == "all" else args.op.split(",")
     all_rows = []
     for op in ops:
-        rows = run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters)
+        rows = run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters, device)
         all_rows += rows
         if rank == 0:
             print(f"\n# {op}, {n} ranks ({dist.get_backend()}), {args.warmup} warm-up + {args.iters} timed")
@@ -175,9 +172,9 @@ def main(argv=None) -> None:
             if n > 1 and len(rows) >= 2:
                 alpha, beta = fit_alpha_beta(rows, n)
                 print(f"# alpha-beta fit ({op}): alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
-    bw = memcpy_bandwidth() if rank == 0 else 0.0
+    bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
-        print(f"\n# memory copy bandwidth (one core, 256 MiB): {bw / 1e9:.2f} GB/s")
+        print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")
         if args.csv:
             with open(args.csv, "w") as f:
                 f.write("op,size,count,type,time_us,algbw,busbw,wrong\n")

@@ -1,35 +1,98 @@
-"""Engine benchmark: minddp vs torch DDP, overlap vs no overlap, bucket caps.
+"""Engine benchmark: minddp vs torch DDP at the same bucket caps, and the per-bucket cost.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp [--steps 12] [--out docs/bench_ddp.md]
+    torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp [--repeats 3] [--out docs/bench_ddp.md]
 
-Every configuration wraps its own copy of the same GPT; steps are interleaved
-round-robin (one step of each configuration per round, the order flipped every
-round), so machine noise hits all of them alike. Reported: median step time,
-its ratio to torch DDP with the same bucket cap, and for minddp the exposed-communication fraction (time the
-end-of-backward wait blocked / step time) and the communication time.
+1. Step time. Every configuration wraps its own copy of the same GPT. Each rank is pinned to
+   its own core. A repeat runs `--rounds` rounds; a round runs `--steps-per-round` steps of
+   every configuration, in an order rotated every round, so machine drift hits all alike.
+   Per repeat: the ratio of medians minddp / torch DDP at each cap; reported: the median
+   ratio over repeats and its spread (min-max), with both engines' bucket counts.
+2. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
+   that returns a finished future) at a cap of one parameter per bucket, backward time
+   minus the same model's backward without any wrapper, divided by the number of buckets.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.nn import functional as F
 
+from .cli import start, timed
 from .ddp import DistributedDataParallel
 from .model import GPT, GPTConfig, num_params
 
 
+def step(model, opt, x) -> float:
+    def work():
+        opt.zero_grad()
+        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        opt.step()
+
+    return timed(work, x.device)
+
+
+def torch_buckets(model) -> int:
+    """torch DDP's bucket count after its rebuild (from its logging data)."""
+    sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+    return len(sizes.split(",")) if sizes else -1
+
+
+def interleaved(configs, x, rounds: int, per_round: int) -> list[float]:
+    """Median step time of each configuration; each step's time is the max over ranks."""
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
+    times = [[] for _ in configs]
+    for r in range(rounds + 1):  # round 0 warms up (and rebuilds every engine's buckets)
+        shift = r % len(configs)
+        for k in [(i + shift) % len(configs) for i in range(len(configs))]:
+            for _ in range(per_round):
+                dist.barrier()
+                dt = step(configs[k][2], opts[k], x)
+                if r:
+                    times[k].append(dt)
+    t = torch.tensor(times, dtype=torch.float64, device=x.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [statistics.median(row) for row in t.tolist()]
+
+
+def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
+    """{engine: (seconds of engine CPU work per bucket, buckets)} with communication stubbed out."""
+    plain = copy.deepcopy(base)
+    ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
+    ours.register_comm_hook(None, lambda state, b: _done(b.buffer()))
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
+    theirs.register_comm_hook(None, noop_hook)
+    models = {"plain": plain, "minddp": ours, "torch DDP": theirs}
+    times = {k: [] for k in models}
+    for r in range(reps + 2):
+        for name, m in models.items():
+            loss = F.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            seconds = timed(loss.backward, x.device)
+            if r >= 2:
+                times[name].append(seconds)
+            m.zero_grad()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    n = {"minddp": len(ours.bucket_assignment), "torch DDP": torch_buckets(theirs)}
+    return {k: ((med[k] - med["plain"]) / n[k], n[k]) for k in n}
+
+
+def _done(t):
+    f = torch.futures.Future()
+    f.set_result(t)
+    return f
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per configuration")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps-per-round", type=int, default=2)
     ap.add_argument("--caps", default="1,5,25,100", help="bucket caps in MB")
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
     ap.add_argument("--n-layer", type=int, default=6)
@@ -37,69 +100,31 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     args = ap.parse_args()
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    device = start(args.backend, pin=True).device
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
-    base = GPT(cfg)
+    base = GPT(cfg).to(device)
     caps = [float(c) for c in args.caps.split(",")]
-
     configs = []  # (label, cap, model)
     for cap in caps:
-        configs.append(("torch DDP", cap, nn.parallel.DistributedDataParallel(
-            copy.deepcopy(base), bucket_cap_mb=cap)))
+        theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+        configs.append(("torch DDP", cap, theirs))
         configs.append(("minddp", cap, DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)))
-    configs.append(("minddp overlap=False", 25.0, DistributedDataParallel(
-        copy.deepcopy(base), bucket_cap_mb=25.0, overlap=False)))
-    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
-
     g = torch.Generator().manual_seed(rank)
-    x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g)
-    times = [[] for _ in configs]
-    exposed = [[] for _ in configs]
-    comm = [[] for _ in configs]
-    for step in range(args.warmup + args.steps):
-        # alternate the order each round so no configuration always runs first
-        order = range(len(configs)) if step % 2 == 0 else reversed(range(len(configs)))
-        for k in order:
-            model, opt = configs[k][2], opts[k]
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            logits = model(x[:, :-1])
-            F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
-            opt.step()
-            dt = time.perf_counter() - t0
-            if step >= args.warmup:
-                times[k].append(dt)
-                if isinstance(model, DistributedDataParallel):
-                    exposed[k].append(model.comm_stats.exposed_wait_s)
-                    comm[k].append(model.comm_stats.comm_time_s)
+    x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
 
-    # the slowest rank sets the pace: take each step's max over ranks
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ratios = {cap: [] for cap in caps}
+    for _ in range(args.repeats):
+        med = interleaved(configs, x, args.rounds, args.steps_per_round)
+        by = {(label, cap): m for (label, cap, _), m in zip(configs, med)}
+        for cap in caps:
+            ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
+    buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
+               for label, cap, m in configs}
+    cost = per_bucket_cost(base, x)
     if rank == 0:
-        med = [statistics.median(row) for row in t.tolist()]
-        torch_med = {cap: m for (label, cap, _), m in zip(configs, med) if label == "torch DDP"}
-        lines = [
-            f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} "
-            f"tensors, {world} gloo ranks x {torch.get_num_threads()} thread(s), batch "
-            f"{args.batch}x{cfg.block_size} per rank, {args.steps} interleaved steps each",
-            "",
-            "| implementation | bucket cap (MB) | buckets | median step (ms) | ratio vs torch DDP "
-            "| exposed comm / step | comm time (ms) |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for k, (label, cap, model) in enumerate(configs):
-            ours = isinstance(model, DistributedDataParallel)
-            nb = len(model.bucket_assignment) if ours else _torch_buckets(model)
-            frac = f"{statistics.median(exposed[k]) / med[k]:.1%}" if ours else "-"
-            ctime = f"{statistics.median(comm[k]) * 1e3:.1f}" if ours else "-"
-            lines.append(f"| {label} | {cap:g} | {nb} | {med[k] * 1e3:.1f} | "
-                         f"{med[k] / torch_med[cap]:.3f} | {frac} | {ctime} |")
-        table = "\n".join(lines)
+        table = report(args, base, cfg, world, caps, ratios, buckets, cost)
         print(table, flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -108,10 +133,27 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _torch_buckets(model) -> str:
-    """torch DDP's bucket count after its rebuild (from its logging data)."""
-    sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
-    return str(len(sizes.split(","))) if sizes else "?"
+def report(args, base, cfg, world, caps, ratios, buckets, cost) -> str:
+    lines = [
+        f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
+        f"{world} gloo ranks pinned to one core each, 1 thread, batch {args.batch}x{cfg.block_size} "
+        f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
+        "steps per configuration.",
+        "",
+        "| bucket cap (MB) | buckets minddp / torch | minddp / torch DDP step time: median "
+        "| spread (min-max) |",
+        "|---|---|---|---|",
+    ]
+    for cap in caps:
+        r = ratios[cap]
+        lines.append(f"| {cap:g} | {buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]} | "
+                     f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} |")
+    lines += ["", "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; "
+              "backward minus an unwrapped backward, per bucket):", "",
+              "| engine | buckets | cost per bucket (us) |", "|---|---|---|"]
+    for name, (seconds, n) in cost.items():
+        lines.append(f"| {name} | {n} | {seconds * 1e6:.1f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

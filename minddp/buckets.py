@@ -113,6 +113,7 @@ class Bucket:
     unused: list[tuple[int, bool]] = field(default_factory=list)  # (param, grad was None)
     t_launch: float | None = None
     t_done: float | None = None
+    cuda_events: tuple | None = None  # (start, end) timing events, on CUDA only
 
     @property
     def grad_nbytes(self) -> int:
@@ -142,5 +143,8 @@ def make_buckets(
         extra = tail_numel if b == len(assignment) - 1 else 0
         first = params[ids[0]]
         buf = torch.zeros(pos + extra, dtype=first.dtype, device=first.device)
-        buckets.append(Bucket(b, list(ids), offsets, numels, buf))
+        bucket = Bucket(b, list(ids), offsets, numels, buf)
+        if buf.is_cuda:
+            bucket.cuda_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        buckets.append(bucket)
     return buckets

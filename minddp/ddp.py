@@ -34,6 +34,7 @@ the cap; `None` (the default) is 25 MiB after a 1 MiB first bucket.
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 import weakref
@@ -152,7 +153,12 @@ class DistributedDataParallel(nn.Module):
         self._expect_sync = False  # this backward must reduce
         self._reduced_since_forward = False  # a second backward of one forward is an error
         self._callback_queued = False
-        self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
+        self._stats = CommStats(num_buckets=len(self._buckets), overlap=overlap)
+        # On CUDA a collective's future completes when it is enqueued, so host clocks would
+        # read ~0: per-bucket CUDA events time the work itself (read lazily, no sync per step)
+        self._cuda_timing = self._device.type == "cuda"
+        self._timing_stream = torch.cuda.Stream(self._device) if self._cuda_timing else None
+        self._cuda_marks: dict | None = None
         # set to a list to record (event, bucket, time) tuples: see minddp.timeline
         self.trace: list | None = None
         self._join: dict | None = None  # inside join(): {"divide": bool, "iters": int, "active": int}
@@ -340,9 +346,11 @@ class DistributedDataParallel(nn.Module):
         self._ready_order: list[int] = []
         self._next_bucket = 0
         self._t_first_launch = self._t_last_done = None
+        self._inflight: collections.deque[int] = collections.deque()
         for b in self._buckets:
             b.pending, b.future, b.unused, b.t_done = len(b.param_ids), None, [], None
-        self.comm_stats = CommStats(num_buckets=len(self._buckets), overlap=self.overlap)
+        self._stats = CommStats(num_buckets=len(self._buckets), overlap=self.overlap)
+        self._cuda_marks = None
 
     def _on_grad_ready(self, i: int, p: torch.Tensor) -> None:
         view, grad = self._views[i], p.grad
@@ -375,6 +383,8 @@ class DistributedDataParallel(nn.Module):
         bucket.pending -= 1
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()
+        if self._inflight:
+            self._poll_done()
 
     def _launch_complete_buckets(self) -> None:
         # Strictly in index order: bucket i never goes out before bucket i-1.
@@ -409,25 +419,40 @@ class DistributedDataParallel(nn.Module):
         bucket.t_launch = now
         if self.trace is not None:
             self.trace.append(("launch", b, now))
-        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b]).then(
-            functools.partial(self._mark_done, b))
-        self.comm_stats.launch_order.append(b)
+        # no .then() callback: it would run on the comm thread and contend for the GIL with
+        # backward; completion is observed by polling from the hooks (cheap) and at the end
+        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b])
+        self._inflight.append(b)
+        if self._cuda_timing:
+            start, end = bucket.cuda_events
+            start.record()  # on the compute stream: the bucket is handed to the backend here
+            with torch.cuda.stream(self._timing_stream):
+                bucket.future.wait()  # the timing stream waits for the collective, the host does not
+                end.record()
+        self._stats.launch_order.append(b)
 
-    def _mark_done(self, b, fut):
+    def _poll_done(self) -> None:
+        """Note the completion time of launched buckets that have finished (in launch order)."""
+        while self._inflight and self._buckets[self._inflight[0]].future.done():
+            self._mark_done(self._inflight.popleft())
+
+    def _mark_done(self, b: int) -> None:
         self._t_last_done = self._buckets[b].t_done = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("done", b, self._t_last_done))
-        value = fut.value()
-        return value[0] if isinstance(value, list) else value
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
-        stats = self.comm_stats
+        stats = self._stats
         stats.launched_in_backward = self._next_bucket
         self._reduced_since_forward = True
         t_wait = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("backward_end", None, t_wait))
+        if self._cuda_timing:
+            self._cuda_marks = {"backward_end": torch.cuda.Event(enable_timing=True),
+                                "wait_end": torch.cuda.Event(enable_timing=True)}
+            self._cuda_marks["backward_end"].record()
         self._expect_sync = False
         for b in range(self._next_bucket, len(self._buckets)):
             self._launch(b)
@@ -435,8 +460,14 @@ class DistributedDataParallel(nn.Module):
         rescale = (self.world_size / self._join["active"] if self._join and not self._join["divide"]
                    and self.reduce_op == "avg" and self._join["active"] < self.world_size else None)
         wire_bytes = 0
-        for bucket in self._buckets:
+        for b, bucket in enumerate(self._buckets):
             result = bucket.future.wait()
+            if b in self._inflight:  # finished since the last poll: observed now
+                self._poll_done()
+                if bucket.t_done is None:
+                    self._mark_done(b)
+            if isinstance(result, list):  # torch's collectives give [tensor]
+                result = result[0]
             bucket.future = None  # nothing outlives the step (a Work holds its tensors)
             wire_bytes += result.numel() * result.element_size()
             if result.data_ptr() != bucket.buffer.data_ptr():
@@ -446,12 +477,42 @@ class DistributedDataParallel(nn.Module):
         done = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("wait_end", None, done))
+        if self._cuda_timing:
+            self._cuda_marks["wait_end"].record()  # after the compute stream waited for every bucket
         stats.exposed_wait_s = done - t_wait
         stats.comm_time_s = (self._t_last_done or done) - self._t_first_launch
         stats.busy_s = _union_length([(b.t_launch, b.t_done or done) for b in self._buckets])
         stats.num_collectives = len(self._buckets)
         stats.bytes = wire_bytes
 
+        if not self.find_unused_parameters and self._cuda_timing and all(self._ready):
+            # on CUDA reading the flags is a host sync: skip it when every parameter was used
+            # here; a rank that left one unused reads them, raises, and the job stops
+            pass
+        else:
+            self._check_usage_flags()
+        if not self._rebuilt:
+            self._rebuild_in_ready_order()
+
+    @property
+    def comm_stats(self) -> CommStats:
+        """The last synchronised iteration's communication (CUDA events resolved on first read)."""
+        if self._cuda_marks is not None:
+            self._resolve_cuda_timing()
+        return self._stats
+
+    def _resolve_cuda_timing(self) -> None:
+        marks, self._cuda_marks = self._cuda_marks, None
+        marks["wait_end"].synchronize()
+        ref = self._buckets[0].cuda_events[0]
+        ms = lambda ev: ref.elapsed_time(ev) / 1e3  # noqa: E731 - seconds since the first launch
+        spans = [(ms(b.cuda_events[0]), ms(b.cuda_events[1])) for b in self._buckets]
+        s = self._stats
+        s.busy_s = _union_length(spans)
+        s.comm_time_s = max(e for _, e in spans) - min(b for b, _ in spans)
+        s.exposed_wait_s = max(0.0, ms(marks["wait_end"]) - ms(marks["backward_end"]))
+
+    def _check_usage_flags(self) -> None:
         flags = self._buckets[-1].buffer[-len(self._params):] != 0
         if self.find_unused_parameters:
             for bucket in self._buckets:
@@ -471,8 +532,6 @@ class DistributedDataParallel(nn.Module):
                 "with requires_grad_(False) if they are not trained, or wrap the model with "
                 "find_unused_parameters=True."
             )
-        if not self._rebuilt:
-            self._rebuild_in_ready_order()
 
     def _rebuild_in_ready_order(self) -> None:
         """Once: re-bucket by rank 0's observed gradient-ready order (broadcast)."""
@@ -486,7 +545,7 @@ class DistributedDataParallel(nn.Module):
         current = [i for b in self._buckets for i in b.param_ids]
         if order != current:
             self._build_buckets(order)
-            self.comm_stats.num_buckets = len(self._buckets)
+            self._stats.num_buckets = len(self._buckets)
 
 
 def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:

@@ -78,6 +78,11 @@ def pick_device(local_rank: int, device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def backend_for(device: torch.device) -> str:
+    """The backend follows the device: nccl for CUDA tensors, gloo for CPU tensors."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def _slurm_master_addr(env) -> str:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if not nodelist:
@@ -97,7 +102,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo
             "in torch 2.13 the new group can read the previous round's addresses and fail to connect "
             "(pytorch#135712). Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.", stacklevel=2)
     dev = pick_device(local_rank, device)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    backend = backend_for(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():

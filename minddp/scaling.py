@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli import pyplot
 from .costmodel import PRESETS, ddp_comm_time
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,10 +93,7 @@ def main(argv=None) -> None:
 
 
 def plot(results, worlds, caps, png) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for cap in caps:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from .cli import pyplot, start, sync
 from .steptrace import StepTrace, gather  # noqa: F401 - re-exported for scripts
 
 
@@ -34,10 +34,7 @@ def chrome_trace(per_rank: list[dict], label: str = "") -> list[dict]:
 
 def render(traces: dict[str, list[dict]], png: str) -> None:
     """One panel per label (e.g. overlap on / off); per rank a compute and a comm lane."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = {"forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B2",
               "exposed wait": "#C44E52"}
@@ -88,31 +85,33 @@ def main(argv=None) -> None:
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     args = ap.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    device = start().device
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
     g = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g)
+    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
     traces = {}
     for overlap in (True, False):
-        model = DistributedDataParallel(GPT(cfg), bucket_cap_mb=args.bucket_mb, overlap=overlap)
+        model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         for _ in range(3):  # two warm-up steps (the first rebuilds the buckets), one traced
             tr = StepTrace(model)
             dist.barrier()
             tr.start()
-            t = time.perf_counter()
+            t = time.perf_counter()  # spans end after a CUDA sync: the work, not its launch
             loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            sync(device)
             tr.span("forward", t, t := time.perf_counter())
             loss.backward()
+            sync(device)
             tr.span("backward", t, time.perf_counter())
             t = time.perf_counter()
             opt.step()
             opt.zero_grad()
+            sync(device)
             tr.span("optimizer", t, time.perf_counter())
             trace = tr.stop()
-        label = f"overlap={overlap}: {len(model.bucket_assignment)} buckets of <= {args.bucket_mb:g} MB"
+        label = f"overlap={overlap}: {len(model.bucket_assignment)} buckets, cap {args.bucket_mb:g} MB"
         traces[label] = gather(trace)
     if dist.get_rank() == 0:
         print("wrote", *write(traces, args.out))

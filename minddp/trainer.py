@@ -54,7 +54,7 @@ def build_optimizer(model, o, device: torch.device) -> torch.optim.Optimizer:
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2),
-                             fused=device.type in ("cpu", "cuda"))
+                             fused=device.type in ("cpu", "cuda"))  # where torch has the kernel
 
 
 def lr_factor(step: int, o, max_steps: int) -> float:
@@ -108,6 +108,7 @@ class Trainer:
         self.start = self._load_training_state(state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
+        self._window = []
         self.faults = Faults(t, info.rank)
         self.stop = StopRequest(on_signal=lambda: debug.dump(self.run_dir, f"signal {self.stop.name}"))
         self._arm_timeout()
@@ -167,31 +168,37 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def fit(self) -> None:
-        t, window = self.t, []
+        self._window: list[StepResult] = []
         try:
-            for step in range(self.start + 1, t.max_steps + 1):
-                t0 = time.perf_counter()
-                result = self.train_step(step)
-                result.seconds = time.perf_counter() - t0
-                window.append(result)
-                stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
-                if self._should_log(step, result, stopping):
-                    self.log(step, window)
-                    window = []
-                if result.skipped and t.on_nonfinite == "stop":
-                    raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
-                                             "(train.on_nonfinite=stop); the last checkpoint is intact")
-                if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
-                    self.save(step)
-                if stopping:
-                    why = "a stop signal" if result.stop_requested else "train.stop_at_step"
-                    self.tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
+            for step in range(self.start + 1, self.t.max_steps + 1):
+                if self.run_step(step):
                     break
         finally:
             self.tracker.close()
         # leave together: a rank that tears down its process group while a peer is still in
         # a collective makes gloo's connection threads abort the peer at exit
         dist.barrier()
+
+    def run_step(self, step: int) -> bool:
+        """One step as the loop runs it: train, log, checkpoint. True when the run should stop."""
+        t = self.t
+        t0 = time.perf_counter()
+        result = self.train_step(step)
+        result.seconds = time.perf_counter() - t0
+        self._window.append(result)
+        stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
+        if self._should_log(step, result, stopping):
+            self.log(step, self._window)
+            self._window = []
+        if result.skipped and t.on_nonfinite == "stop":
+            raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
+                                     "(train.on_nonfinite=stop); the last checkpoint is intact")
+        if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
+            self.save(step)
+        if stopping:
+            why = "a stop signal" if result.stop_requested else "train.stop_at_step"
+            self.tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
+        return stopping
 
     def train_step(self, step: int) -> StepResult:
         """Forward and backward over this rank's micro-batches, then the optimizer step."""

@@ -5,7 +5,7 @@ import importlib
 
 import torch.distributed as dist
 
-from minddp.demos import DEMOS, MODULES
+from minddp.demos import DEMOS, MODULES, common
 from minddp.dist import init_distributed, shutdown
 
 
@@ -21,7 +21,8 @@ def main(argv=None) -> None:
     try:
         module = importlib.import_module(f"minddp.demos.{MODULES[args.name]}")
         kwargs = {"ranks_per_node": args.ranks_per_node} if args.name == "hierarchical" else {}
-        module.run(**kwargs)
+        with common.device():  # tensors on the device the backend expects
+            module.run(**kwargs)
         dist.barrier()
         if dist.get_rank() == 0:
             print(f"[{args.name}] all checks passed on {dist.get_world_size()} ranks")

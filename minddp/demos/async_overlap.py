@@ -5,7 +5,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .common import print_table
+from .common import print_table, sync
 
 
 def run(size: int = 2**21, mat: int = 384) -> None:
@@ -19,6 +19,7 @@ def run(size: int = 2**21, mat: int = 384) -> None:
     t0 = time.perf_counter()
     dist.all_reduce(grad)  # blocking: compute waits for communication
     compute()
+    sync()
     blocking = time.perf_counter() - t0
 
     grad.fill_(1.0)
@@ -27,6 +28,7 @@ def run(size: int = 2**21, mat: int = 384) -> None:
     work = dist.all_reduce(grad, async_op=True)  # returns at once; the comm thread does the work
     compute()  # meanwhile, compute
     work.wait()  # only now must the result be there
+    sync()
     overlapped = time.perf_counter() - t0
 
     assert torch.all(grad == dist.get_world_size())  # the result is right either way

@@ -14,5 +14,24 @@ def print_table(title: str, row: list) -> None:
             print(f"  rank {r}: " + "  ".join(str(c) for c in cells))
 
 
+def device() -> torch.device:
+    """Where this rank's tensors live: the device the backend expects (nccl: this rank's GPU,
+    which init_distributed selected from LOCAL_RANK; gloo: the CPU). The launcher runs each
+    demo inside `with device():`, so plain factory calls land there."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")  # gloo works on host tensors
+
+
+def sync() -> None:
+    """Before reading a clock on CUDA: collectives and kernels return once enqueued."""
+    if device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator(device=device()).manual_seed(seed)
+
+
 def as_list(t: torch.Tensor) -> list:
     return [round(v, 4) if isinstance(v, float) else v for v in t.tolist()]

@@ -38,8 +38,10 @@ def run() -> None:
     print_table("deadlock with torch's fingerprints (DETAIL): every rank gets the error at once",
                 [fingerprint_error.split(", TensorDtypes")[0].split(", TensorShape")[0][:150]])
 
-    short = dist.new_group(timeout=timedelta(seconds=TIMEOUT_S))  # every rank creates it
-    t = torch.ones(1)
+    # every rank creates it; gloo even under nccl, whose watchdog would abort the process on
+    # a timeout instead of raising (TORCH_NCCL_ASYNC_ERROR_HANDLING), ending the demo
+    short = dist.new_group(timeout=timedelta(seconds=TIMEOUT_S), backend="gloo")  # see above
+    t = torch.ones(1, device="cpu")  # a gloo group: host tensor
     caught = ""
     if r == 0:  # WRONG: only rank 0 enters the collective
         try:

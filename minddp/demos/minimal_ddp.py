@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from minddp import DistributedDataParallel
 
-from .common import print_table
+from .common import generator, print_table, sync
 
 
 def make_model():
@@ -28,12 +28,13 @@ def train(model, loader, step_fn, epochs=2):
             nn.functional.mse_loss(model(x), y).backward()
             step_fn(model)
             opt.step()
+            sync()
             times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 
 
 def run() -> None:
-    g = torch.Generator().manual_seed(0)
+    g = generator(0)
     data = TensorDataset(torch.randn(256, 16, generator=g), torch.randn(256, 1, generator=g))
 
     def loader():

@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from .common import print_table
+from .common import generator, print_table
 
 D = 4  # token width
 
@@ -15,7 +15,7 @@ def expert(e: int, x: torch.Tensor) -> torch.Tensor:
 
 def run(tokens_per_rank: int = 6) -> None:
     r, n = dist.get_rank(), dist.get_world_size()
-    g = torch.Generator().manual_seed(100 + r)
+    g = generator(100 + r)
     x = torch.randn(tokens_per_rank, D, generator=g)
     dest = torch.randint(0, n, (tokens_per_rank,), generator=g)  # one expert per rank
 

@@ -1,0 +1,154 @@
+"""The trainer against hand-written loops on the same work: `make bench-trainer`.
+
+    torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer [--rounds 6] [--out FILE]
+
+Three loops run in the same processes, on the same GPT, the same data path and batches:
+- the trainer: `Trainer.run_step`, exactly what `train.py` runs each step (minddp engine,
+  fused AdamW, clipping, the step's agreement all-reduce, a metrics row every step);
+- a bare loop: torch DDP, fused AdamW, accumulation by `require_backward_grad_sync`, no
+  logging, no clipping: the least a data-parallel loop can do;
+- a nanoGPT-style loop: torch DDP, AdamW with its default (foreach) kernel, clipping, and
+  `loss.item()` every step, as nanoGPT's train.py does with its defaults.
+Ranks are pinned to a core each; rounds of `--steps` steps per loop in a rotated order;
+ratios of medians. The trainer's own per-step costs are timed method by method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from torch import nn
+from torch.nn import functional as F
+
+from .cli import pin_to_core, timed
+from .config import register
+from .trainer import Trainer, build_model
+
+WORKLOAD = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
+            "train.global_batch_size=32", "train.micro_batch_size=8", "data=text", "wandb.mode=disabled",
+            "train.eval_every=0", "train.ckpt_every=0", "train.max_steps=100000"]
+
+
+def make_trainer(extra: list[str], run_dir: str) -> Trainer:
+    import pathlib
+
+    register()
+    conf = str(pathlib.Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose("config", overrides=WORKLOAD + extra)
+    trainer = Trainer(cfg, run_dir)
+    trainer.setup()
+    return trainer
+
+
+class HandLoop:
+    """A training loop as people write it, on torch DDP, fed the trainer's batches."""
+
+    def __init__(self, trainer: Trainer, fused: bool, nanogpt: bool):
+        cfg = trainer.cfg
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, trainer.vocab_size).to(trainer.info.device)
+        self.model = nn.parallel.DistributedDataParallel(model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, fused=fused or None)
+        self.trainer, self.nanogpt = trainer, nanogpt
+
+    def step(self, step: int) -> None:
+        accum = self.trainer.accum
+        for m, (x, y) in enumerate(self.trainer.batches.get(step - 1)):
+            self.model.require_backward_grad_sync = m == accum - 1
+            loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten()) / accum
+            loss.backward()
+        if self.nanogpt:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.nanogpt:
+            loss.item()
+
+
+def timed_methods(trainer: Trainer, names: list[str]) -> dict[str, list[float]]:
+    """Wrap some of this trainer's own methods to time them (instance attributes only)."""
+    spent = defaultdict(list)
+    for name in names:
+        fn = getattr(trainer, name)
+
+        def wrapper(*a, _fn=fn, _name=name, **kw):
+            t0 = time.perf_counter()
+            out = _fn(*a, **kw)
+            spent[_name].append(time.perf_counter() - t0)
+            return out
+
+        setattr(trainer, name, wrapper)
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=3, help="steps of each loop per round")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    pin_to_core()
+    torch.set_num_threads(1)
+    trainer = make_trainer([], tempfile.mkdtemp(prefix="bench-trainer-"))
+    loops = {"trainer": None, "bare loop": HandLoop(trainer, True, False),
+             "nanoGPT-style loop": HandLoop(trainer, False, True)}
+    spent = timed_methods(trainer, ["forward_backward", "grad_norm", "agree", "log"])
+    times, step = defaultdict(list), {k: 0 for k in loops}
+    names = list(loops)
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            for _ in range(args.steps):
+                step[k] += 1
+                dist.barrier()
+                run = (lambda s=step[k]: trainer.run_step(s)) if k == "trainer" else \
+                    (lambda s=step[k], k=k: loops[k].step(s))
+                seconds = timed(run, trainer.info.device)
+                if r:
+                    times[k].append(seconds)
+    t = torch.tensor([times[k] for k in names], dtype=torch.float64, device=trainer.info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets each step's pace
+    med = {k: statistics.median(row) for k, row in zip(names, t.tolist())}
+    if dist.get_rank() == 0:
+        table = report(args, trainer, med, spent)
+        print(table, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(table + "\n")
+    trainer.tracker.close()
+    dist.destroy_process_group()
+
+
+def report(args, trainer, med, spent) -> str:
+    step = med["trainer"]
+    lines = [
+        "# The trainer against hand-written loops",
+        "",
+        "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer`). "
+        f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
+        "global batch 32, micro-batch 8, fp32 eager, 2 gloo ranks pinned to a core each, 1 thread; "
+        f"{args.rounds} rotated rounds of {args.steps} steps per loop; medians, each step's time the "
+        "max over ranks.",
+        "",
+        "| loop | median step (ms) | trainer / loop |",
+        "|---|---|---|",
+    ]
+    for k, m in med.items():
+        lines.append(f"| {k} | {m * 1e3:.1f} | {step / m:.3f} |")
+    lines += ["", "Where the trainer's step goes (its own methods, timed; % of the median step):", "",
+              "| part | mean (ms) | share |", "|---|---|---|"]
+    for name, values in spent.items():
+        mean = statistics.mean(values)
+        lines.append(f"| `{name}` | {mean * 1e3:.2f} | {mean / step:.1%} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Start-up shared by the command-line tools (bench, bench_ddp, bench_trainer, bench_debug,
+timeline, scaling): threads, core pinning, the process group on the right device, timing
+that is true on every backend, and a headless matplotlib."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from .dist import DistInfo, init_distributed
+
+BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
+
+
+def pin_to_core() -> None:
+    """One rank per core: no two ranks time-share a core, and no migration noise."""
+    cores = sorted(os.sched_getaffinity(0))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    os.sched_setaffinity(0, {cores[local % len(cores)]})
+
+
+def start(backend: str = "auto", pin: bool = False) -> DistInfo:
+    """Threads from OMP_NUM_THREADS, optionally pinned, and the process group whose backend
+    follows the device (`cuda:LOCAL_RANK` with nccl, else CPU with gloo)."""
+    if backend not in BACKEND_DEVICE:
+        raise SystemExit(f"--backend must be one of {', '.join(BACKEND_DEVICE)}, got {backend!r}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if pin:
+        pin_to_core()
+    return init_distributed(BACKEND_DEVICE[backend])
+
+
+def timing_strategy(device: torch.device) -> str:
+    """On CUDA a collective returns once enqueued: synchronise around what is timed (or use
+    CUDA events); on CPU the host clock sees the work itself."""
+    return "cuda-sync" if device.type == "cuda" else "host-clock"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> float:
+    """Seconds that fn's work takes on `device` (synchronised on CUDA)."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def pyplot():
+    """matplotlib without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,53 @@
+"""Device and backend selection, checked on CPU with CUDA availability mocked."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from minddp import cli
+from minddp.dist import backend_for, pick_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cuda_when_available_follows_local_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    dev = pick_device(local_rank=3)
+    assert dev == torch.device("cuda", 3) and backend_for(dev) == "nccl"
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=4 but only 4 GPU"):
+        pick_device(local_rank=4)
+    assert pick_device(0, "cpu") == torch.device("cpu")
+
+
+def test_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    dev = pick_device(local_rank=1)
+    assert dev == torch.device("cpu") and backend_for(dev) == "gloo"
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        pick_device(0, "cuda")
+
+
+def test_timing_strategy_matches_the_backend():
+    assert cli.timing_strategy(torch.device("cuda", 0)) == "cuda-sync"
+    assert cli.timing_strategy(torch.device("cpu")) == "host-clock"
+    assert cli.BACKEND_DEVICE == {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
+
+
+TOOLS = [*sorted((ROOT / "minddp" / "demos").glob("*.py")),
+         *[ROOT / "minddp" / f"{m}.py" for m in ("bench", "bench_ddp", "bench_trainer", "bench_debug",
+                                                  "timeline", "scaling", "trainer")]]
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.name)
+def test_no_tool_hard_codes_the_backend_or_the_cpu(path):
+    """Every demo and tool starts through init_distributed (device from LOCAL_RANK, backend
+    from the device) and allocates on that device; CPU-only lines carry a reason."""
+    src = path.read_text()
+    assert "init_process_group(" not in src, f"{path.name}: start through minddp.cli.start / init_distributed"
+    for line in src.splitlines():
+        hard = r"""device\s*=\s*["']cpu["']|torch\.device\(\s*["']cpu["']|backend\s*=\s*["']gloo["']|start\(["']gloo"""
+        if re.search(hard, line) and "#" not in line:
+            pytest.fail(f"{path.name}: hard-coded backend or device without a reason: {line.strip()}")
