@@ -89,8 +89,27 @@ def timed_methods(trainer: Trainer, names: list[str]) -> dict[str, list[float]]:
     return spent
 
 
+def interleaved(trainer, loops, names, step, rounds: int, steps: int) -> dict[str, float]:
+    """Median step of each loop over `rounds` rotated rounds (after one warm-up round)."""
+    times = defaultdict(list)
+    for r in range(rounds + 1):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            for _ in range(steps):
+                step[k] += 1
+                dist.barrier()
+                run = (lambda s=step[k]: trainer.run_step(s)) if k == "trainer" else \
+                    (lambda s=step[k], k=k: loops[k].step(s))
+                seconds = timed(run, trainer.info.device)
+                if r:
+                    times[k].append(seconds)
+    t = torch.tensor([times[k] for k in names], dtype=torch.float64, device=trainer.info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets each step's pace
+    return {k: statistics.median(row) for k, row in zip(names, t.tolist())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=3, help="steps of each loop per round")
     ap.add_argument("--out", default=None)
@@ -101,23 +120,15 @@ def main() -> None:
     loops = {"trainer": None, "bare loop": HandLoop(trainer, True, False),
              "nanoGPT-style loop": HandLoop(trainer, False, True)}
     spent = timed_methods(trainer, ["forward_backward", "grad_norm", "agree", "log"])
-    times, step = defaultdict(list), {k: 0 for k in loops}
-    names = list(loops)
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            for _ in range(args.steps):
-                step[k] += 1
-                dist.barrier()
-                run = (lambda s=step[k]: trainer.run_step(s)) if k == "trainer" else \
-                    (lambda s=step[k], k=k: loops[k].step(s))
-                seconds = timed(run, trainer.info.device)
-                if r:
-                    times[k].append(seconds)
-    t = torch.tensor([times[k] for k in names], dtype=torch.float64, device=trainer.info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets each step's pace
-    med = {k: statistics.median(row) for k, row in zip(names, t.tolist())}
+    names, step = list(loops), {k: 0 for k in loops}
+    ratios, medians = defaultdict(list), defaultdict(list)
+    for _ in range(args.repeats):
+        med = interleaved(trainer, loops, names, step, args.rounds, args.steps)
+        for k in names:
+            medians[k].append(med[k])
+            ratios[k].append(med["trainer"] / med[k])
     if dist.get_rank() == 0:
-        table = report(args, trainer, med, spent)
+        table = report(args, trainer, medians, ratios, spent)
         print(table, flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -126,27 +137,33 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def report(args, trainer, med, spent) -> str:
-    step = med["trainer"]
+def report(args, trainer, medians, ratios, spent) -> str:
+    step = statistics.median(medians["trainer"])
     lines = [
         "# The trainer against hand-written loops",
         "",
         "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer`). "
         f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
         "global batch 32, micro-batch 8, fp32 eager, 2 gloo ranks pinned to a core each, 1 thread; "
-        f"{args.rounds} rotated rounds of {args.steps} steps per loop; medians, each step's time the "
-        "max over ranks.",
+        f"{args.repeats} repeats of {args.rounds} rotated rounds x {args.steps} steps per loop. Per repeat "
+        "the ratio of median steps (each step's time the max over ranks); below, the median and "
+        "spread (min-max) of those ratios over the repeats.",
         "",
-        "| loop | median step (ms) | trainer / loop |",
-        "|---|---|---|",
+        "| loop | median step (ms) | trainer / loop: median | spread |",
+        "|---|---|---|---|",
     ]
-    for k, m in med.items():
-        lines.append(f"| {k} | {m * 1e3:.1f} | {step / m:.3f} |")
-    lines += ["", "Where the trainer's step goes (its own methods, timed; % of the median step):", "",
+    for k in medians:
+        r = ratios[k]
+        lines.append(f"| {k} | {statistics.median(medians[k]) * 1e3:.1f} | {statistics.median(r):.3f} | "
+                     f"{min(r):.3f}-{max(r):.3f} |")
+    lines += ["", "Where the trainer's step goes (its own methods, timed; share of the median step):", "",
               "| part | mean (ms) | share |", "|---|---|---|"]
     for name, values in spent.items():
         mean = statistics.mean(values)
         lines.append(f"| `{name}` | {mean * 1e3:.2f} | {mean / step:.1%} |")
+    rest = step - sum(statistics.mean(v) for v in spent.values())
+    lines.append(f"| the rest (fused AdamW step, scheduler, zero_grad, timing) | {rest * 1e3:.2f} | "
+                 f"{rest / step:.1%} |")
     return "\n".join(lines)
 
 

@@ -182,6 +182,21 @@ class DistributedDataParallel(nn.Module):
         # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         return self.module(*args, **kwargs)
 
+    def grad_norm(self) -> torch.Tensor:
+        """L2 norm of every gradient, read from the flat bucket buffers: one kernel per bucket
+        instead of one per parameter, no host sync. Valid after a synchronised backward."""
+        parts = [b.buffer[: sum(b.numels)] for b in self._buckets]
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p, dtype=torch.float32)
+                                                     for p in parts]))
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` over the flat buffers; returns the norm before clipping."""
+        total = self.grad_norm()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for b in self._buckets:
+            b.buffer[: sum(b.numels)].mul_(coef.to(b.buffer.dtype))
+        return total
+
     def remove_hooks(self) -> None:
         """Detach this wrapper from the module (also done when the wrapper is garbage-collected)."""
         self._finalizer()

@@ -247,6 +247,8 @@ class Trainer:
     def grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
         params, mesh, clip = list(self.model.parameters()), self.mesh, self.cfg.optim.grad_clip
+        if mesh.tp_size == 1:  # straight from the engine's flat buffers: a kernel per bucket
+            return self.ddp.clip_grad_norm_(clip) if clip > 0 else self.ddp.grad_norm()
         if clip > 0:
             return tp.clip_grad_norm_(params, clip, mesh.tp_group, mesh.tp_size)
         return tp.grad_norm(params, mesh.tp_group, mesh.tp_size)
@@ -254,14 +256,18 @@ class Trainer:
     def agree(self, loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple[float, bool, bool]:
         """One all-reduce decides for every rank together: the global loss (the mean over
         data-parallel ranks, not rank 0's shard), whether someone was asked to stop, and
-        whether any rank saw a non-finite loss or gradient (then all skip, or all stop)."""
-        dev = self.info.device
+        whether any rank saw a non-finite loss or gradient (then all skip, or all stop).
+        Each rank's peak memory rides along in its own slot (the sum then holds them all)."""
+        dev, world = self.info.device, self.info.world_size
         nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norm.to(dev))
-        flags = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=dev),
-                             nonfinite.float()])
+        rss = torch.zeros(world, device=dev)
+        rss[self.info.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * world  # MiB
+        host = torch.tensor([float(self.stop.requested)], device=dev)
+        flags = torch.cat([torch.stack([loss_sum, nonfinite.float()]), host, rss])
         dist.all_reduce(flags, op=dist.ReduceOp.AVG)
-        loss, stop, skip = flags.tolist()  # the step's one host sync
-        return loss, stop > 0, skip > 0
+        values = flags.tolist()  # the step's one host sync
+        self.peak_rss_mb = max(values[3:])
+        return values[0], values[2] > 0, values[1] > 0
 
     # ---------------------------------------------------------------- logging
     def _should_log(self, step: int, result: StepResult, stopping: bool) -> bool:
@@ -292,17 +298,10 @@ class Trainer:
             row["skipped_steps"] = self.skipped
         if self.t.check_every and step % self.t.check_every == 0:
             consistency.check_replicas(self.model, self.mesh.dp_group)
-        row["mem/peak_rss_mb"] = self._peak_rss_mb()
+        row["mem/peak_rss_mb"] = self.peak_rss_mb
         if self._eval_due(step):
             row["val_loss"] = self.evaluate()
         self.tracker.log(row)
-
-    def _peak_rss_mb(self) -> float:
-        """The largest peak resident memory of any rank (a leak shows here first)."""
-        mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-        peak = torch.tensor([mine], dtype=torch.float64, device=self.info.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return peak.item()
 
     def _write_trace(self, step: int, tracer: StepTrace) -> None:
         # a collective (every rank's trace to every rank), then rank 0 writes
