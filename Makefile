@@ -70,9 +70,10 @@ timeline: install
 scaling: install
 	$(BIN)/python -m minddp.scaling $(ARGS)
 
-# on a CUDA machine: nccl, device from LOCAL_RANK, gradients vs torch DDP, bf16 (not run by make test)
+# on a CUDA machine (< 5 min): demos, minddp == torch DDP on CUDA, 50 bf16 trainer steps with MFU,
+# the nccl collective table; one verdict per line, logs under gpu_check/ (no CUDA: says so, exits 0)
 gpu-check: install
-	$(BIN)/torchrun --standalone --nproc_per_node=$$(nvidia-smi -L | wc -l) scripts/gpu_check.py
+	$(BIN)/python scripts/gpu_check.py --out gpu_check
 
 lint: install
 	$(BIN)/ruff check minddp tests scripts train.py

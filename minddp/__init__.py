@@ -2,12 +2,14 @@
 
 from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from .ddp import DDP, CommStats, DistributedDataParallel
+from .zero import ShardedOptimizer
 
 __all__ = [
     "DDP",
     "CommStats",
     "DistributedDataParallel",
     "GradBucket",
+    "ShardedOptimizer",
     "allreduce_hook",
     "bf16_compress_hook",
     "fp16_compress_hook",

@@ -125,13 +125,14 @@ class Bucket:
 
 
 def make_buckets(
-    params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0
+    params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0, pad_to: int = 1
 ) -> list[Bucket]:
     """Allocate one zeroed flat buffer per bucket.
 
     `tail_numel` extra elements are appended to the last bucket; the engine uses
     them to tell every rank which parameters were unused on some rank, without
-    an extra collective (see ddp.py).
+    an extra collective (see ddp.py). Every buffer's length is padded to a multiple of
+    `pad_to` (the world size, when buckets are reduce-scattered into equal shards).
     """
     buckets = []
     for b, ids in enumerate(assignment):
@@ -142,7 +143,8 @@ def make_buckets(
             pos += params[i].numel()
         extra = tail_numel if b == len(assignment) - 1 else 0
         first = params[ids[0]]
-        buf = torch.zeros(pos + extra, dtype=first.dtype, device=first.device)
+        length = -(-(pos + extra) // pad_to) * pad_to
+        buf = torch.zeros(length, dtype=first.dtype, device=first.device)
         bucket = Bucket(b, list(ids), offsets, numels, buf)
         if buf.is_cuda:
             bucket.cuda_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

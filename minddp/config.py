@@ -107,6 +107,7 @@ class DDPConfig:
     # (25 MiB after a 1 MiB first bucket)
     bucket_cap_mb: Optional[float] = None
     strict_bucket_cap: bool = False  # minddp's alternative: a bucket never exceeds the cap
+    shard_optimizer: bool = False  # ZeRO-1: optimizer states sharded over dp (reduce-scatter + all-gather)
     overlap: bool = True
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
@@ -235,6 +236,14 @@ def _setting_problems(cfg):
         yield f"ddp.compress must be null, fp16 or bf16, got {d.compress!r}"
     if d.algorithm not in ALGORITHMS:
         yield f"ddp.algorithm must be one of {', '.join(ALGORITHMS)}, got {d.algorithm!r}"
+    if d.shard_optimizer and d.compress not in (None, "none"):
+        yield (f"ddp.shard_optimizer=true does not combine with ddp.compress={d.compress}: shards are "
+               "reduce-scattered in the gradients' dtype; drop one of the two")
+    if d.shard_optimizer and d.algorithm != "native":
+        yield f"ddp.shard_optimizer=true needs ddp.algorithm=native (got {d.algorithm!r})"
+    if d.shard_optimizer and d.find_unused_parameters:
+        yield ("ddp.shard_optimizer=true does not support ddp.find_unused_parameters=true: "
+               "freeze unused parameters instead")
     if d.reduce_op not in ("avg", "sum"):
         yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):

@@ -95,6 +95,7 @@ class DistributedDataParallel(nn.Module):
         algorithm: str = "native",
         ranks_per_node: int | None = None,
         strict_bucket_cap: bool = False,
+        shard_optimizer: bool = False,
     ):
         super().__init__()
         if not (dist.is_available() and dist.is_initialized()):
@@ -109,6 +110,8 @@ class DistributedDataParallel(nn.Module):
         if compress not in BUILTIN_HOOKS:
             raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
         bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+        if shard_optimizer:
+            _check_shardable(compress, algorithm, find_unused_parameters)
         _check_not_wrapped(module)
 
         self.module = module
@@ -118,6 +121,11 @@ class DistributedDataParallel(nn.Module):
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]
         self.bucket_cap_mb = bucket_cap_mb
         self.strict_bucket_cap = strict_bucket_cap
+        # ZeRO-1 (minddp.zero.ShardedOptimizer): buckets are reduce-scattered, each rank
+        # keeps the averaged gradient of its 1/n shard only, and parameters live in flat
+        # buffers laid out like the buckets, so a shard of them can be stepped and all-gathered
+        self.shard_optimizer = shard_optimizer
+        self.layout_version = 0
         self.find_unused_parameters = find_unused_parameters
         self.broadcast_buffers = broadcast_buffers
         self.overlap = overlap
@@ -185,6 +193,9 @@ class DistributedDataParallel(nn.Module):
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of every gradient, read from the flat bucket buffers: one kernel per bucket
         instead of one per parameter, no host sync. Valid after a synchronised backward."""
+        if self.shard_optimizer:
+            raise RuntimeError("with shard_optimizer each rank holds only its shard of the gradients: "
+                               "use ShardedOptimizer.grad_norm() / clip_grad_norm_()")
         parts = [b.buffer[: sum(b.numels)] for b in self._buckets]
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p, dtype=torch.float32)
                                                      for p in parts]))
@@ -336,7 +347,9 @@ class DistributedDataParallel(nn.Module):
     def _build_buckets(self, order: list[int]) -> None:
         """(Re)allocate flat buffers for `order`; existing gradients move into them."""
         assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap)
-        self._buckets = make_buckets(self._params, assignment, tail_numel=len(self._params))
+        pad = self.world_size if self.shard_optimizer else 1
+        self._buckets = make_buckets(self._params, assignment, tail_numel=len(self._params), pad_to=pad)
+        self.layout_version += 1
         self._views: list[torch.Tensor] = [None] * len(self._params)
         self._where: list[tuple[int, int]] = [None] * len(self._params)
         for b in self._buckets:
@@ -347,11 +360,32 @@ class DistributedDataParallel(nn.Module):
                 if p.grad is not None:
                     view.copy_(p.grad)
                     p.grad = view
+        if self.shard_optimizer:
+            self._flatten_params()
         last = len(self._buckets) - 1
         self._grad_buckets = [  # what comm hooks see; built once per bucket layout
             GradBucket(b.index, b.buffer, [self._params[i] for i in b.param_ids],
                        [self._views[i] for i in b.param_ids], b.index == last, self._reducer)
             for b in self._buckets]
+
+    def _flatten_params(self) -> None:
+        """Parameters become views of flat buffers laid out like the gradient buckets."""
+        self.flat_params = []
+        with torch.no_grad():
+            for b in self._buckets:
+                flat = torch.zeros_like(b.buffer)
+                for k, i in enumerate(b.param_ids):
+                    p = self._params[i]
+                    view = flat[b.offsets[k] : b.offsets[k] + b.numels[k]].view(p.shape)
+                    view.copy_(p)
+                    p.data = view
+                self.flat_params.append(flat)
+
+    def shard_range(self, b: int) -> tuple[int, int]:
+        """[lo, hi) of bucket b's buffer that this rank owns under shard_optimizer."""
+        per = self._buckets[b].buffer.numel() // self.world_size
+        me = dist.get_group_rank(self.process_group, dist.get_rank())
+        return me * per, (me + 1) * per
 
     # ------------------------------------------------------------------ backward
     def _prepare_for_backward(self) -> None:
@@ -436,7 +470,13 @@ class DistributedDataParallel(nn.Module):
             self.trace.append(("launch", b, now))
         # no .then() callback: it would run on the comm thread and contend for the GIL with
         # backward; completion is observed by polling from the hooks (cheap) and at the end
-        bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b])
+        if self.shard_optimizer:  # reduce-scatter: this rank's shard of the average, in place
+            lo, hi = self.shard_range(b)
+            op = dist.ReduceOp.AVG if self.reduce_op == "avg" else dist.ReduceOp.SUM
+            bucket.future = _WorkFuture(dist.reduce_scatter_tensor(
+                bucket.buffer[lo:hi], bucket.buffer, op=op, group=self.process_group, async_op=True))
+        else:
+            bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b])
         self._inflight.append(b)
         if self._cuda_timing:
             start, end = bucket.cuda_events
@@ -477,13 +517,15 @@ class DistributedDataParallel(nn.Module):
         wire_bytes = 0
         for b, bucket in enumerate(self._buckets):
             result = bucket.future.wait()
-            if b in self._inflight:  # finished since the last poll: observed now
-                self._poll_done()
-                if bucket.t_done is None:
-                    self._mark_done(b)
+            if self._inflight and self._inflight[0] == b:  # not seen finished by a poll: now
+                self._inflight.popleft()
+                self._mark_done(b)
             if isinstance(result, list):  # torch's collectives give [tensor]
                 result = result[0]
             bucket.future = None  # nothing outlives the step (a Work holds its tensors)
+            if self.shard_optimizer:  # in place: the shard already holds its averaged gradient
+                wire_bytes += bucket.buffer.numel() * bucket.buffer.element_size()
+                continue
             wire_bytes += result.numel() * result.element_size()
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result)
@@ -500,7 +542,9 @@ class DistributedDataParallel(nn.Module):
         stats.num_collectives = len(self._buckets)
         stats.bytes = wire_bytes
 
-        if not self.find_unused_parameters and self._cuda_timing and all(self._ready):
+        if self.shard_optimizer:
+            self._check_used_here()  # each rank only holds its shard of the usage flags
+        elif not self.find_unused_parameters and self._cuda_timing and all(self._ready):
             # on CUDA reading the flags is a host sync: skip it when every parameter was used
             # here; a rank that left one unused reads them, raises, and the job stops
             pass
@@ -526,6 +570,14 @@ class DistributedDataParallel(nn.Module):
         s.busy_s = _union_length(spans)
         s.comm_time_s = max(e for _, e in spans) - min(b for b, _ in spans)
         s.exposed_wait_s = max(0.0, ms(marks["wait_end"]) - ms(marks["backward_end"]))
+
+    def _check_used_here(self) -> None:
+        here = [self._names[i] for i, r in enumerate(self._ready) if not r]
+        if here:
+            raise RuntimeError(
+                f"minddp: {len(here)} parameter(s) received no gradient on this rank: {here}. With "
+                "shard_optimizer every parameter must take part in the loss on every rank (or be frozen "
+                "with requires_grad_(False)).")
 
     def _check_usage_flags(self) -> None:
         flags = self._buckets[-1].buffer[-len(self._params):] != 0
@@ -563,6 +615,20 @@ class DistributedDataParallel(nn.Module):
             self._stats.num_buckets = len(self._buckets)
 
 
+class _WorkFuture:
+    """A Work seen as the engine's futures are (gloo's reduce-scatter has no get_future())."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def done(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self):
+        self.work.wait()  # on CUDA: the current stream waits, the host does not
+        return None
+
+
 def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
     ddp = owner()
     if ddp is not None:
@@ -575,6 +641,18 @@ def _remove_hooks(handles, module_ref) -> None:
     module = module_ref()
     if module is not None:
         _OWNERS.pop(module, None)
+
+
+def _check_shardable(compress, algorithm, find_unused_parameters) -> None:
+    if compress not in (None, "none", "None", ""):
+        raise ValueError(f"shard_optimizer does not combine with compress={compress!r}: the shards are "
+                         "reduce-scattered in the gradients' own dtype; drop one of the two")
+    if algorithm != "native":
+        raise ValueError(f"shard_optimizer uses the backend's reduce-scatter; algorithm={algorithm!r} "
+                         "only implements all-reduce: use algorithm='native'")
+    if find_unused_parameters:
+        raise ValueError("shard_optimizer does not support find_unused_parameters=True: freeze "
+                         "unused parameters with requires_grad_(False) instead")
 
 
 def _check_not_wrapped(module: nn.Module) -> None:

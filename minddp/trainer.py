@@ -36,6 +36,7 @@ from .model import GPT, MLP, GPTConfig, MLPConfig
 from .signals import StopRequest
 from .steptrace import StepTrace
 from .tracking import NullTracker, Tracker
+from .zero import ShardedOptimizer
 
 log = logging.getLogger("minddp")
 
@@ -47,14 +48,18 @@ def build_model(m, vocab_size: int) -> torch.nn.Module:
     return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
 
 
-def build_optimizer(model, o, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model, o, device: torch.device, ddp=None):
     """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters);
-    no weight decay on biases, norms and other vectors (GPT-2 practice)."""
+    no weight decay on biases, norms and other vectors (GPT-2 practice). With a sharding
+    engine (ddp.shard_optimizer), the same AdamW runs on this rank's shard (ZeRO-1)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2),
-                             fused=device.type in ("cpu", "cuda"))  # where torch has the kernel
+    kwargs = {"lr": o.lr, "betas": (o.beta1, o.beta2),
+              "fused": device.type in ("cpu", "cuda")}  # where torch has the kernel
+    if ddp is not None and ddp.shard_optimizer:
+        return ShardedOptimizer(ddp, torch.optim.AdamW, groups, **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
 
 
 def lr_factor(step: int, o, max_steps: int) -> float:
@@ -102,9 +107,9 @@ class Trainer:
         self.ckpt_path, state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device)
         self._load_model(state)
         self.ddp = self._wrap(self.model)
-        self.opt = build_optimizer(self.model, cfg.optim, info.device)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_factor(s, cfg.optim, t.max_steps))
+        self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(  # on the inner optimizer when sharded
+            getattr(self.opt, "optim", self.opt), lambda s: lr_factor(s, cfg.optim, t.max_steps))
         self.start = self._load_training_state(state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
@@ -129,7 +134,7 @@ class Trainer:
             model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
             find_unused_parameters=d.find_unused_parameters, broadcast_buffers=d.broadcast_buffers,
             overlap=d.overlap, reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm,
-            strict_bucket_cap=d.strict_bucket_cap)
+            strict_bucket_cap=d.strict_bucket_cap, shard_optimizer=d.shard_optimizer)
 
     def _setup_throughput(self) -> None:
         """Tokens per step, FLOPs per token and the device peak, for tokens/s, TFLOP/s and MFU."""
@@ -247,6 +252,10 @@ class Trainer:
     def grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
         params, mesh, clip = list(self.model.parameters()), self.mesh, self.cfg.optim.grad_clip
+        if self.ddp.shard_optimizer:  # each rank holds its shard of the gradients
+            if clip > 0:
+                return self.opt.clip_grad_norm_(clip, mesh.tp_group, mesh.tp_size)
+            return self.opt.grad_norm(mesh.tp_group, mesh.tp_size)
         if mesh.tp_size == 1:  # straight from the engine's flat buffers: a kernel per bucket
             return self.ddp.clip_grad_norm_(clip) if clip > 0 else self.ddp.grad_norm()
         if clip > 0:
@@ -297,6 +306,7 @@ class Trainer:
         if self.skipped:
             row["skipped_steps"] = self.skipped
         if self.t.check_every and step % self.t.check_every == 0:
+            self._wait_params()
             consistency.check_replicas(self.model, self.mesh.dp_group)
         row["mem/peak_rss_mb"] = self.peak_rss_mb
         if self._eval_due(step):
@@ -338,6 +348,7 @@ class Trainer:
         """Collectives first, on every rank (full tensors gathered over tp, RNG states), then
         rank 0 writes atomically. Positions are global (samples seen), so any dp can resume."""
         debug.set_context(phase="checkpoint")
+        self._wait_params()
         mesh = self.mesh
         model_state = tp.full_state_dict(self.model, mesh.tp_group, mesh.tp_size)
         opt_state = tp.full_optimizer_state(self.opt, self.model, mesh.tp_group, mesh.tp_size)
@@ -351,6 +362,11 @@ class Trainer:
                 "samples_seen": self.batches.samples_seen(step), "rng": rng,
                 "config": OmegaConf.to_container(self.cfg, resolve=True)})
             self.tracker.info(f"saved {path}")
+
+    def _wait_params(self) -> None:
+        """Under ZeRO-1 the updated parameters arrive by all-gather: read them after it lands."""
+        if hasattr(self.opt, "wait_params"):
+            self.opt.wait_params()
 
     def _load_model(self, state) -> None:
         if not state:  # checkpoints hold full tensors: any layout can resume any other

@@ -1,0 +1,245 @@
+"""ZeRO stage 1: optimizer states sharded over the data-parallel ranks.
+
+    ddp = minddp.DDP(model, shard_optimizer=True)
+    opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, param_groups, lr=1e-3, fused=True)
+    loss.backward()        # each bucket is reduce-scattered from the backward hooks (overlap)
+    opt.clip_grad_norm_(1.0)
+    opt.step()             # the inner optimizer steps this rank's shard; then all-gather
+    opt.zero_grad()
+
+All-Reduce = Reduce-Scatter + All-Gather, with the optimizer in between: every rank
+receives only its 1/n slice of each averaged gradient bucket, runs the optimizer on that
+slice alone (so its states are 1/n of DDP's, and so is its time), then the updated
+parameter slices are all-gathered. The traffic is one all-reduce's.
+
+Parameters live in flat buffers laid out like the gradient buckets (the engine sets it up),
+so a shard is a contiguous slice. The inner optimizer sees one tensor per (parameter, shard)
+overlap, which keeps each parameter's options (weight decay groups) and makes any
+element-wise optimizer (AdamW, SGD with momentum, ...) exact. The all-gather of a bucket is
+launched right after the step and waited for just before the first module that uses it runs
+its next forward, so it overlaps the earlier layers' forward.
+
+`state_dict()` is the unsharded optimizer's (full per-parameter tensors, torch's indices),
+so checkpoints load with or without sharding and at any number of ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Segment:
+    """The part of one parameter that lies in this rank's shard of one bucket."""
+
+    param: int  # index into the engine's parameter list
+    bucket: int
+    lo: int  # [lo, hi) in the parameter's flattened elements
+    hi: int
+    tensor: torch.Tensor  # view of the flat parameter buffer, stepped by the inner optimizer
+    grad: torch.Tensor  # view of the bucket's gradient buffer (averaged after reduce-scatter)
+
+
+class ShardedOptimizer:
+    def __init__(self, ddp, optimizer_class, params=None, **defaults):
+        if not getattr(ddp, "shard_optimizer", False):
+            raise ValueError("ShardedOptimizer needs the engine built with DDP(..., shard_optimizer=True)")
+        self.ddp = ddp
+        groups = list(params if params is not None else ddp.module.parameters())
+        if not groups or not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        index = {id(p): i for i, p in enumerate(ddp._params)}
+        self._group_params = []  # per group: engine parameter indices, in the user's order
+        for g in groups:
+            missing = [tuple(p.shape) for p in g["params"] if id(p) not in index]
+            if missing:
+                raise ValueError(f"parameters of shapes {missing} are not trainable parameters of the "
+                                 "wrapped module (frozen, or another model)")
+            self._group_params.append([index[id(p)] for p in g["params"]])
+        self._segments: list[Segment] = []
+        self._version = None
+        self._pending_state: dict | None = None  # loaded, applied once the bucket layout is final
+        inner = [{**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in groups]
+        self._slice_shards(inner)
+        self.optim = optimizer_class(inner, **defaults)
+        self._gathers: dict[int, object] = {}
+        self._hooks = [m.register_forward_pre_hook(self._make_wait(m)) for m in ddp.module.modules()
+                       if any(True for _ in m.parameters(recurse=False))]
+
+    # -------------------------------------------------------------- layout
+    def _slice_shards(self, groups=None) -> None:
+        """(Re)cut this rank's segments: at start and once after the engine rebuilds its buckets."""
+        ddp = self.ddp
+        if self._version == ddp.layout_version:
+            return
+        if self._version is not None and any(self.optim.state.values()):
+            raise RuntimeError("the engine's bucket layout changed after the optimizer had state")
+        groups = groups if groups is not None else self.optim.param_groups
+        group_of = {i: g for g, ids in enumerate(self._group_params) for i in ids}
+        self._segments = []
+        for g in groups:
+            g["params"] = []
+        for b, bucket in enumerate(ddp._buckets):
+            lo, hi = ddp.shard_range(b)
+            for k, i in enumerate(bucket.param_ids):
+                off, n = bucket.offsets[k], bucket.numels[k]
+                a, z = max(off, lo), min(off + n, hi)
+                if a < z:
+                    seg = Segment(i, b, a - off, z - off, ddp.flat_params[b][a:z], bucket.buffer[a:z])
+                    self._segments.append(seg)
+                    groups[group_of[i]]["params"].append(seg.tensor)
+        self._version = ddp.layout_version
+
+    # ---------------------------------------------------------------- step
+    @property
+    def param_groups(self):
+        return self.optim.param_groups
+
+    def original_params(self) -> list[torch.Tensor]:
+        """The model's parameters in the order of the unsharded optimizer's state dict."""
+        return [self.ddp._params[i] for ids in self._group_params for i in ids]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self._slice_shards()
+        if self._pending_state is not None:  # the engine rebuilt its buckets after the load
+            self._apply_state(self._pending_state)
+            self._pending_state = None
+        self.wait_params()
+        for s in self._segments:
+            s.tensor.grad = s.grad
+        self.optim.step()
+        for b in range(len(self.ddp._buckets)):  # launched now, waited for by the next forward
+            lo, hi = self.ddp.shard_range(b)
+            flat = self.ddp.flat_params[b]
+            self._gathers[b] = dist.all_gather_into_tensor(
+                flat, flat[lo:hi].clone(), group=self.ddp.process_group, async_op=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.ddp.module.zero_grad(set_to_none=set_to_none)
+        for s in self._segments:
+            s.tensor.grad = None
+
+    def wait_params(self) -> None:
+        """Wait for every pending all-gather (before reading parameters outside a forward)."""
+        for b in list(self._gathers):
+            self._gathers.pop(b).wait()
+
+    def _make_wait(self, module):
+        where = self.ddp._where
+
+        def wait(mod, args):
+            if self._gathers:
+                ids = {id(p) for p in mod.parameters(recurse=False)}
+                for i, p in enumerate(self.ddp._params):
+                    if id(p) in ids and where[i][0] in self._gathers:
+                        self._gathers.pop(where[i][0]).wait()
+        return wait
+
+    # ------------------------------------------------------- gradient norm
+    def grad_norm(self, tp_group=None, tp_size: int = 1) -> torch.Tensor:
+        """Global L2 norm from the shards (a sum of squares all-reduced over dp, and over tp for
+        tensor-parallel-sharded parameters); no host sync."""
+        self._slice_shards()
+        params = self.ddp._params
+        device = self.ddp.flat_params[0].device
+        sq = torch.zeros(2, dtype=torch.float32, device=device)  # [tp-sharded, replicated]
+        for s in self._segments:
+            kind = 0 if tp_size > 1 and getattr(params[s.param], "tp_shard", None) else 1
+            sq[kind] += s.grad.float().square().sum()
+        dist.all_reduce(sq, group=self.ddp.process_group)
+        if tp_size > 1:
+            sharded = sq[:1].clone()
+            dist.all_reduce(sharded, group=tp_group)
+            sq = torch.cat([sharded, sq[1:]])
+        return sq.sum().sqrt()
+
+    def clip_grad_norm_(self, max_norm: float, tp_group=None, tp_size: int = 1) -> torch.Tensor:
+        total = self.grad_norm(tp_group, tp_size)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for s in self._segments:
+            s.grad.mul_(coef.to(s.grad.dtype))
+        return total
+
+    # ---------------------------------------------------------- checkpoints
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held on this rank."""
+        return sum(v.numel() * v.element_size() for st in self.optim.state.values()
+                   for v in st.values() if isinstance(v, torch.Tensor))
+
+    def state_dict(self) -> dict:
+        """The unsharded optimizer's state dict (full tensors): a collective on every rank."""
+        if self._pending_state is not None:
+            return self._pending_state
+        self._slice_shards()
+        self.wait_params()
+        ddp, keys = self.ddp, self._state_keys()
+        full = {key: self._gather_state(key) for key in keys["tensor"]}
+        step = keys["step"]
+        order = [i for ids in self._group_params for i in ids]
+        state = {}
+        if full or step is not None:
+            for pos, i in enumerate(order):
+                p = ddp._params[i]
+                state[pos] = {key: full[key][i].view_as(p).clone() for key in full}
+                if step is not None:
+                    state[pos]["step"] = step.clone()
+        groups, pos = [], 0
+        for g, ids in zip(self.optim.param_groups, self._group_params):
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(pos, pos + len(ids)))})
+            pos += len(ids)
+        return {"state": state, "param_groups": groups}
+
+    def _state_keys(self) -> dict:
+        """State keys every rank agrees on (a rank may hold no segment yet)."""
+        mine = next((st for st in self.optim.state.values() if st), {})
+        tensors = sorted(k for k, v in mine.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        step = mine.get("step")
+        everyone = [None] * dist.get_world_size(self.ddp.process_group)
+        dist.all_gather_object(everyone, (tensors, None if step is None else step.cpu()),
+                               group=self.ddp.process_group)
+        tensors, step = max(everyone, key=lambda e: len(e[0]))
+        return {"tensor": tensors, "step": step}
+
+    def _gather_state(self, key: str) -> dict[int, torch.Tensor]:
+        """{engine parameter index: flat full state tensor} for one state key."""
+        ddp, out = self.ddp, {}
+        for b, bucket in enumerate(ddp._buckets):
+            lo, hi = ddp.shard_range(b)
+            mine = torch.zeros(hi - lo, dtype=torch.float32, device=bucket.buffer.device)
+            for s in self._segments:
+                if s.bucket == b and s.tensor in self.optim.state:
+                    off = bucket.offsets[bucket.param_ids.index(s.param)]
+                    mine[off + s.lo - lo: off + s.hi - lo] = self.optim.state[s.tensor][key].float()
+            whole = torch.empty(bucket.buffer.numel(), dtype=torch.float32, device=mine.device)
+            dist.all_gather_into_tensor(whole, mine, group=ddp.process_group)
+            for k, i in enumerate(bucket.param_ids):
+                out[i] = whole[bucket.offsets[k]: bucket.offsets[k] + bucket.numels[k]]
+        return out
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Load an unsharded optimizer state dict (from any layout): this rank keeps its slices,
+        cut at the first step (the engine settles its bucket layout in the first backward)."""
+        for g, saved in zip(self.optim.param_groups, sd["param_groups"]):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self._pending_state = sd
+
+    def _apply_state(self, sd: dict) -> None:
+        order = [i for ids in self._group_params for i in ids]
+        pos_of = {i: pos for pos, i in enumerate(order)}
+        self.optim.state.clear()
+        for s in self._segments:
+            saved = sd["state"].get(pos_of[s.param]) or sd["state"].get(str(pos_of[s.param]))
+            if not saved:
+                continue
+            st = {}
+            for key, v in saved.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    st[key] = v.flatten()[s.lo:s.hi].to(s.tensor.device, s.tensor.dtype).clone()
+                else:
+                    st[key] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
+            self.optim.state[s.tensor] = st

@@ -1,0 +1,137 @@
+"""ZeRO-1 (minddp.ShardedOptimizer) against the unsharded engine, on real gloo processes."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import minddp
+from tests import multiproc
+from tests.test_ddp import MLP, assert_same_params, batch, params_of, shard
+
+
+def _groups(model):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}]
+
+
+def _train(rank, world_size, sharded, opt_name, steps=4, accum=2, clip=0.5):
+    torch.manual_seed(0)
+    base = MLP(width=37, depth=3)  # odd sizes: shards split parameters unevenly
+    ddp = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002, shard_optimizer=sharded)
+    cls, kw = {"adamw": (torch.optim.AdamW, {"lr": 1e-2, "fused": True}),
+               "sgd": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9})}[opt_name]
+    if sharded:
+        opt = minddp.ShardedOptimizer(ddp, cls, _groups(ddp.module), **kw)
+    else:
+        opt = cls(_groups(ddp.module), **kw)
+    for step in range(steps):
+        for micro in range(accum):
+            ddp.require_backward_grad_sync = micro == accum - 1
+            x, y = batch(step * accum + micro, world_size)
+            (nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)) / accum).backward()
+        norm = opt.clip_grad_norm_(clip) if sharded else ddp.clip_grad_norm_(clip)
+        opt.step()
+        opt.zero_grad()
+    if sharded:
+        opt.wait_params()
+    return params_of(ddp), float(norm), opt.state_dict()
+
+
+def _equivalence(rank, world_size, opt_name):
+    ref, ref_norm, ref_state = _train(rank, world_size, False, opt_name)
+    got, norm, state = _train(rank, world_size, True, opt_name)
+    assert_same_params(got, ref, atol=1e-5, rtol=1e-5)
+    assert abs(norm - ref_norm) < 1e-5 * max(1.0, ref_norm)
+    # the sharded optimizer's state dict is the unsharded one's: same keys, same tensors
+    assert ref_state["state"].keys() == state["state"].keys()
+    for k in ref_state["state"]:
+        for key, v in ref_state["state"][k].items():
+            torch.testing.assert_close(state["state"][k][key].float(), v.float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("opt_name", ["adamw", "sgd"])
+def test_sharded_optimizer_equals_unsharded(world_size, opt_name):
+    multiproc.run(_equivalence, world_size, opt_name, timeout=120)
+
+
+def _memory(rank, world_size):
+    _, _, _ = _train(rank, world_size, True, "adamw", steps=1, accum=1)
+    torch.manual_seed(0)
+    ddp = minddp.DDP(MLP(width=64, depth=4), bucket_cap_mb=0.002, shard_optimizer=True)
+    opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=1e-3)
+    x, y = batch(0, world_size)
+    nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+    opt.step()
+    full = 2 * 4 * sum(p.numel() for p in ddp.module.parameters())  # exp_avg + exp_avg_sq, fp32
+    return opt.state_bytes(), full
+
+
+def test_optimizer_state_per_rank_is_one_over_dp():
+    results = multiproc.run(_memory, 2)
+    full = results[0][1]
+    for mine, _ in results:
+        assert abs(mine - full / 2) <= 0.05 * full / 2 + 64, (mine, full)  # + the step scalars
+    assert sum(m for m, _ in results) == pytest.approx(full, abs=64)
+
+
+def test_bad_combinations_name_the_alternative():
+    import torch.distributed as dist
+
+    def check(rank, world_size):
+        for kwargs, message in [({"compress": "bf16"}, "does not combine with compress"),
+                                ({"algorithm": "ring"}, "use algorithm='native'"),
+                                ({"find_unused_parameters": True}, "freeze unused parameters")]:
+            with pytest.raises(ValueError, match=message):
+                minddp.DDP(MLP(), shard_optimizer=True, **kwargs)
+        with pytest.raises(ValueError, match="shard_optimizer=True"):
+            minddp.ShardedOptimizer(minddp.DDP(MLP()), torch.optim.AdamW)
+        assert dist.is_initialized()
+
+    multiproc.run(check, 2)
+
+
+# ----------------------------------------------------------- through train.py
+from tests.test_train_cli import SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: E402
+
+
+def _same_model(a, b, atol=1e-5):
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_train_py_with_and_without_sharding_gives_the_same_run(tmp_path, nproc):
+    args = [*SMALL, "train.global_batch_size=24", "train.max_steps=5", "optim.grad_clip=0.5"]
+    run_train(tmp_path / "plain", *args, nproc=nproc)
+    run_train(tmp_path / "zero", *args, "ddp.shard_optimizer=true", nproc=nproc)
+    assert_same_curves(metrics(tmp_path / "zero"), metrics(tmp_path / "plain"), atol=1e-5)
+    _same_model(final_model(tmp_path / "zero"), final_model(tmp_path / "plain"))
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_sharded_and_unsharded_at_any_dp(tmp_path):
+    args = [*SMALL, "train.max_steps=6", "train.ckpt_every=3", "train.eval_every=0"]
+    run_train(tmp_path / "ref", *args, nproc=2)
+    # sharded on 2 ranks -> unsharded on 1
+    run_train(tmp_path / "a", *args, "ddp.shard_optimizer=true", "train.stop_at_step=3", nproc=2)
+    run_train(tmp_path / "a", *args, "train.resume=auto", nproc=1)
+    # unsharded on 1 rank -> sharded on 2
+    run_train(tmp_path / "b", *args, "train.stop_at_step=3", nproc=1)
+    run_train(tmp_path / "b", *args, "ddp.shard_optimizer=true", "train.resume=auto", nproc=2)
+    for run in ("a", "b"):
+        assert_same_curves(metrics(tmp_path / run), metrics(tmp_path / "ref"), atol=1e-5)
+        _same_model(final_model(tmp_path / run), final_model(tmp_path / "ref"))
+
+
+@pytest.mark.slow
+def test_sharding_composes_with_tensor_parallelism(tmp_path):
+    args = [*SMALL, "train.max_steps=4", "mesh.tp=2"]
+    run_train(tmp_path / "plain", *args, nproc=4)
+    run_train(tmp_path / "zero", *args, "ddp.shard_optimizer=true", nproc=4)
+    assert_same_curves(metrics(tmp_path / "zero"), metrics(tmp_path / "plain"), atol=1e-5)
+    _same_model(final_model(tmp_path / "zero"), final_model(tmp_path / "plain"), atol=3e-5)
