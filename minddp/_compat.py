@@ -39,3 +39,15 @@ def default_store():
     """The rendezvous key-value store: lets ranks exchange small messages (config errors,
     fingerprints) without a collective, so a rank that is stuck cannot block them."""
     return dist.distributed_c10d._get_default_store()
+
+
+def all_gather_single(output, input, group=None, async_op=False):
+    """torch 2.13's name for all_gather_into_tensor (deprecated there); the old name before."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    """torch 2.13's name for reduce_scatter_tensor (deprecated there); the old name before."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=op, group=group, async_op=async_op)

@@ -7,7 +7,10 @@
    every configuration, in an order rotated every round, so machine drift hits all alike.
    Per repeat: the ratio of medians minddp / torch DDP at each cap; reported: the median
    ratio over repeats and its spread (min-max), with both engines' bucket counts.
-2. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
+2. ZeRO-1: minddp DDP + AdamW, minddp `shard_optimizer` + `ShardedOptimizer(AdamW)` and torch
+   DDP + `ZeroRedundancyOptimizer(AdamW)`, interleaved the same way: step time against
+   minddp DDP, optimizer-state bytes per rank, and resident memory added by the first step.
+3. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
    that returns a finished future) at a cap of one parameter per bucket, backward time
    minus the same model's backward without any wrapper, divided by the number of buckets.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 
 import torch
@@ -27,6 +31,7 @@ from torch.nn import functional as F
 from .cli import start, timed
 from .ddp import DistributedDataParallel
 from .model import GPT, GPTConfig, num_params
+from .zero import ShardedOptimizer
 
 
 def step(model, opt, x) -> float:
@@ -44,9 +49,9 @@ def torch_buckets(model) -> int:
     return len(sizes.split(",")) if sizes else -1
 
 
-def interleaved(configs, x, rounds: int, per_round: int) -> list[float]:
+def interleaved(configs, x, rounds: int, per_round: int, opts=None) -> list[float]:
     """Median step time of each configuration; each step's time is the max over ranks."""
-    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
+    opts = opts or [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
     times = [[] for _ in configs]
     for r in range(rounds + 1):  # round 0 warms up (and rebuilds every engine's buckets)
         shift = r % len(configs)
@@ -59,6 +64,47 @@ def interleaved(configs, x, rounds: int, per_round: int) -> list[float]:
     t = torch.tensor(times, dtype=torch.float64, device=x.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [statistics.median(row) for row in t.tolist()]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def zero_configs(base, cap):
+    """(label, model, optimizer) for the three ways to run AdamW data-parallel."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    plain = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    sharded = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, shard_optimizer=True)
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    return [("minddp DDP + AdamW", plain, torch.optim.AdamW(plain.parameters(), lr=1e-4, fused=True)),
+            ("minddp shard_optimizer (ZeRO-1)", sharded,
+             ShardedOptimizer(sharded, torch.optim.AdamW, lr=1e-4, fused=True)),
+            ("torch DDP + ZeroRedundancyOptimizer", theirs,
+             ZeroRedundancyOptimizer(theirs.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4,
+                                     fused=True))]
+
+
+def state_bytes(opt) -> int:
+    if isinstance(opt, ShardedOptimizer):
+        return opt.state_bytes()
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
+    return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
+               if isinstance(v, torch.Tensor))
+
+
+def zero_section(base, x, args) -> list:
+    """[(label, ratio vs minddp DDP, state bytes, RSS MB added by the first step)] on rank 0's view."""
+    configs = zero_configs(base, 25.0)
+    grown = []
+    for _, model, opt in configs:  # the first step allocates the optimizer states
+        before = rss_mb()
+        step(model, opt, x)
+        grown.append(rss_mb() - before)
+    med = interleaved([(label, 25.0, m) for label, m, _ in configs], x, args.rounds, args.steps_per_round,
+                      [o for _, _, o in configs])
+    return [(label, m / med[0], state_bytes(opt), g) for (label, _, opt), m, g in zip(configs, med, grown)]
 
 
 def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
@@ -98,6 +144,7 @@ def main() -> None:
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     args = ap.parse_args()
 
     device = start(args.backend, pin=True).device
@@ -122,9 +169,14 @@ def main() -> None:
             ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
     buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
                for label, cap, m in configs}
+    zero = zero_section(base, x, args)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, [(z[2], z[3]) for z in zero])  # state bytes, RSS, per rank
     cost = per_bucket_cost(base, x)
     if rank == 0:
-        table = report(args, base, cfg, world, caps, ratios, buckets, cost)
+        zero = [(label, ratio, [e[k][0] for e in everyone], [e[k][1] for e in everyone])
+                for k, (label, ratio, _, _) in enumerate(zero)]
+        table = report(args, base, cfg, world, caps, ratios, buckets, cost, zero)
         print(table, flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -133,7 +185,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def report(args, base, cfg, world, caps, ratios, buckets, cost) -> str:
+def report(args, base, cfg, world, caps, ratios, buckets, cost, zero) -> str:
     lines = [
         f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
         f"{world} gloo ranks pinned to one core each, 1 thread, batch {args.batch}x{cfg.block_size} "
@@ -148,6 +200,13 @@ def report(args, base, cfg, world, caps, ratios, buckets, cost) -> str:
         r = ratios[cap]
         lines.append(f"| {cap:g} | {buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]} | "
                      f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} |")
+    lines += ["", "ZeRO-1 (AdamW, cap 25 MB; ratio of median step times against minddp DDP, same rounds; "
+              "optimizer state and the resident memory its first step added, per rank):", "",
+              "| configuration | step time vs minddp DDP | optimizer state per rank (MB) | "
+              "RSS added by the first step per rank (MB) |", "|---|---|---|---|"]
+    for label, ratio, state, grown in zero:
+        lines.append(f"| {label} | {ratio:.3f} | {' / '.join(f'{b / 2**20:.1f}' for b in state)} | "
+                     f"{' / '.join(f'{g:.0f}' for g in grown)} |")
     lines += ["", "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; "
               "backward minus an unwrapped backward, per bucket):", "",
               "| engine | buckets | cost per bucket (us) |", "|---|---|---|"]

@@ -252,7 +252,7 @@ class DistributedDataParallel(nn.Module):
         highest rank still training, since the first rank may have run out of data)."""
         mine = torch.tensor([active, int(sync), int(bcast)], dtype=torch.int64, device=self._device)
         every = torch.empty(self.world_size * 3, dtype=torch.int64, device=self._device)
-        dist.all_gather_into_tensor(every, mine, group=self.process_group)
+        _compat.all_gather_single(every, mine, group=self.process_group)
         every = every.view(self.world_size, 3)
         ranks = dist.get_process_group_ranks(self.process_group)
         alive = [ranks[i] for i, a in enumerate(every[:, 0].tolist()) if a]
@@ -473,7 +473,7 @@ class DistributedDataParallel(nn.Module):
         if self.shard_optimizer:  # reduce-scatter: this rank's shard of the average, in place
             lo, hi = self.shard_range(b)
             op = dist.ReduceOp.AVG if self.reduce_op == "avg" else dist.ReduceOp.SUM
-            bucket.future = _WorkFuture(dist.reduce_scatter_tensor(
+            bucket.future = _WorkFuture(_compat.reduce_scatter_single(
                 bucket.buffer[lo:hi], bucket.buffer, op=op, group=self.process_group, async_op=True))
         else:
             bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b])

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import _compat
+
 
 @dataclass
 class Segment:
@@ -115,7 +117,7 @@ class ShardedOptimizer:
         for b in range(len(self.ddp._buckets)):  # launched now, waited for by the next forward
             lo, hi = self.ddp.shard_range(b)
             flat = self.ddp.flat_params[b]
-            self._gathers[b] = dist.all_gather_into_tensor(
+            self._gathers[b] = _compat.all_gather_single(
                 flat, flat[lo:hi].clone(), group=self.ddp.process_group, async_op=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -216,7 +218,7 @@ class ShardedOptimizer:
                     off = bucket.offsets[bucket.param_ids.index(s.param)]
                     mine[off + s.lo - lo: off + s.hi - lo] = self.optim.state[s.tensor][key].float()
             whole = torch.empty(bucket.buffer.numel(), dtype=torch.float32, device=mine.device)
-            dist.all_gather_into_tensor(whole, mine, group=ddp.process_group)
+            _compat.all_gather_single(whole, mine, group=ddp.process_group)
             for k, i in enumerate(bucket.param_ids):
                 out[i] = whole[bucket.offsets[k]: bucket.offsets[k] + bucket.numels[k]]
         return out
