@@ -29,7 +29,7 @@ from .cli import start, timed
 from .costmodel import busbw_factor, coefficients, parse_size
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
-       "ring_all_reduce", "rs_ag_all_reduce"]
+       "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
@@ -47,8 +47,9 @@ def _setup(op: str, nbytes: int, dtype, n: int, r: int, device=None):
             x.copy_(pos + r + 1)
             fn()
             return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
-    elif op in ("ring_all_reduce", "rs_ag_all_reduce"):
-        impl = C.ring_all_reduce if op == "ring_all_reduce" else C.all_reduce_via_rs_ag
+    elif op in ("ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce"):
+        impl = {"ring_all_reduce": C.ring_all_reduce, "rs_ag_all_reduce": C.all_reduce_via_rs_ag,
+                "tree_all_reduce": C.tree_all_reduce}[op]
         fn = lambda: impl(x)  # noqa: E731
         def check():
             x.copy_(pos + r + 1)

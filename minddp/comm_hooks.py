@@ -50,7 +50,7 @@ def all_reduce_async(
     return work.get_future()
 
 
-ALGORITHMS = ("native", "ring", "rs_ag", "hierarchical")
+ALGORITHMS = ("native", "ring", "rs_ag", "tree", "hierarchical")
 
 
 class BucketReducer:
@@ -84,6 +84,8 @@ class BucketReducer:
                     collectives.ring_all_reduce(tensor, self.group, self.reduce_op)
                 elif self.algorithm == "rs_ag":
                     collectives.all_reduce_via_rs_ag(tensor, self.group, self.reduce_op)
+                elif self.algorithm == "tree":
+                    collectives.tree_all_reduce(tensor, self.group, self.reduce_op)
                 else:
                     collectives.hierarchical_all_reduce(tensor, self._node_groups, self.reduce_op)
                 fut.set_result(tensor)

@@ -113,7 +113,7 @@ class DDPConfig:
     broadcast_buffers: bool = True
     reduce_op: str = "avg"
     compress: Optional[str] = None  # null | fp16 | bf16
-    algorithm: str = "native"  # native | ring | rs_ag | hierarchical (minddp.collectives)
+    algorithm: str = "native"  # native | ring | rs_ag | tree | hierarchical (minddp.collectives)
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL: collective fingerprints (or MINDDP_DEBUG=1)
 
 

@@ -9,7 +9,13 @@ in seconds, beta (link bandwidth) in bytes per second. GB = 1e9 bytes, MB = 1e6
     all-to-all                 (n-1) a +  (n-1)/n * M/b
     broadcast, reduce     ceil(log2 n) a +          M/b   (pipelined tree)
     tree all-reduce       2 ceil(log2 n) a + 2 M/b         (reduce then broadcast, pipelined)
+    tree all-reduce, whole messages  2 ceil(log2 n) (a + M/b)   (minddp.collectives.tree_all_reduce)
+    in-switch (NVLS, SHARP)   2 a +              M/b   (the switch reduces: half a ring's traffic)
     recursive doubling      ceil(log2 n) (a + M/b)
+
+ZeRO-1 moves the same bytes as DDP's all-reduce (a reduce-scatter in backward, an all-gather
+after the step) and keeps 1/dp of the optimizer states per rank:
+    memory per rank = weights + gradients + optimizer states / dp
 
     python -m minddp.costmodel allreduce --size 512MB --n 16 --alpha-us 5 --beta-gbs 50
     python -m minddp.costmodel ddp --params 124M --dtype bf16 --world 16 --preset ib-ndr --compute-ms 300
@@ -46,6 +52,30 @@ def tree_all_reduce_time(nbytes: float, n: int, alpha: float, beta: float) -> fl
     return 0.0 if n <= 1 else 2 * math.ceil(math.log2(n)) * alpha + 2 * nbytes / beta
 
 
+def unpipelined_tree_all_reduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """Reduce up a binary tree, then broadcast down, whole messages per hop (no pipelining)."""
+    return 0.0 if n <= 1 else 2 * math.ceil(math.log2(n)) * (alpha + nbytes / beta)
+
+
+def in_switch_all_reduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """NVLink SHARP (NVLS) / InfiniBand SHARP: each rank sends M up once and receives the
+    reduced M once; the switch does the arithmetic. About half a ring's bus traffic."""
+    return 0.0 if n <= 1 else 2 * alpha + nbytes / beta
+
+
+def tree_beats_ring_below(n: int, alpha: float, beta: float, pipelined: bool = False) -> float:
+    """Message size (bytes) below which a tree all-reduce is faster than a ring: the ring's
+    latency term grows with n, the tree's with log n, and the tree pays more per byte."""
+    if n <= 2:
+        return 0.0
+    lg = math.ceil(math.log2(n))
+    if pipelined:  # 2(n-1)a + 2(n-1)/n M/b  =  2 lg a + 2 M/b
+        return max(0.0, (n - 1 - lg) * alpha * beta * n)
+    # 2(n-1)a + 2(n-1)/n M/b  =  2 lg (a + M/b)
+    slope = 2 * lg - 2 * (n - 1) / n
+    return max(0.0, 2 * (n - 1 - lg) * alpha * beta / slope) if slope > 0 else float("inf")
+
+
 def recursive_doubling_all_reduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     return 0.0 if n <= 1 else math.ceil(math.log2(n)) * (alpha + nbytes / beta)
 
@@ -65,6 +95,7 @@ def coefficients(op: str, n: int) -> tuple[float, float]:
         "all_reduce": (2 * (n - 1), 2 * (n - 1) / n),
         "ring_all_reduce": (2 * (n - 1), 2 * (n - 1) / n),
         "rs_ag_all_reduce": (2 * (n - 1), 2 * (n - 1) / n),
+        "tree_all_reduce": (2 * lg, 2 * lg),
         "reduce_scatter": (n - 1, (n - 1) / n),
         "all_gather": (n - 1, (n - 1) / n),
         "all_to_all": (n - 1, (n - 1) / n),
@@ -74,7 +105,10 @@ def coefficients(op: str, n: int) -> tuple[float, float]:
 
 
 def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor: busbw = algbw * factor, comparable to the link speed."""
+    """nccl-tests' bus-bandwidth factor: busbw = algbw * factor, comparable to the link speed.
+    Every all-reduce algorithm gets the all-reduce's factor, as in nccl-tests, so algorithms
+    compare on one scale."""
+    op = "all_reduce" if op.endswith("all_reduce") else op
     return coefficients(op, n)[1] if n > 1 else 1.0
 
 
@@ -92,6 +126,10 @@ PRESETS = {
     "ib-hdr": Fabric(6e-6, 25e9, "InfiniBand HDR 200 Gb/s per port"),
     "ib-ndr": Fabric(5e-6, 50e9, "InfiniBand NDR 400 Gb/s per port"),
     "ib-xdr": Fabric(5e-6, 100e9, "InfiniBand XDR 800 Gb/s per port"),
+    # NVIDIA Blackwell / GB200 data sheets: NVLink 5 is 1.8 TB/s bidirectional per GPU
+    "b200-nvlink5": Fabric(3e-6, 900e9, "B200 NVLink 5 (NVSwitch): 1.8 TB/s bidirectional per GPU"),
+    # GB200 NVL72: 72 GPUs in one NVLink domain, the same 1.8 TB/s per GPU to the switch tray
+    "nvl72": Fabric(3e-6, 900e9, "GB200 NVL72: one NVLink 5 domain of 72 GPUs, 1.8 TB/s per GPU"),
     # fitted by `python -m minddp.bench` (2 gloo ranks on this 2-core VM, all_reduce 8 B-64 MiB)
     "this-machine-gloo": Fabric(300e-6, 1.4e9, "gloo over loopback, 2 ranks on 2 cores (measured)"),
 }
@@ -115,6 +153,25 @@ def ddp_comm_time(n_params: float, bytes_per_param: int, bucket_mb: float, world
     return {"buckets": len(sizes), "bytes": total, "latency_s": latency, "bandwidth_s": bandwidth,
             "total_s": latency + bandwidth,
             "last_bucket_s": ring_all_reduce_time(sizes[-1], world, alpha, beta)}
+
+
+def zero1_comm_time(n_params: float, bytes_per_param: int, bucket_mb: float, world: int,
+                    alpha: float, beta: float) -> dict:
+    """ZeRO-1: a reduce-scatter per bucket in backward, an all-gather per bucket after the step.
+    Together the bytes and messages of DDP's ring all-reduce, split in two phases."""
+    ddp = ddp_comm_time(n_params, bytes_per_param, bucket_mb, world, alpha, beta)
+    half = {k: ddp[k] / 2 for k in ("latency_s", "bandwidth_s", "total_s")}
+    return {"buckets": ddp["buckets"], "bytes": ddp["bytes"], "reduce_scatter_s": half["total_s"],
+            "all_gather_s": half["total_s"], "total_s": ddp["total_s"]}
+
+
+def memory_per_rank(n_params: float, dp: int, weight_bytes: int = 4, grad_bytes: int = 4,
+                    state_bytes: int = 8, sharded: bool = False) -> dict:
+    """Bytes per rank: weights + gradients + optimizer states (AdamW: 8 B per fp32 parameter),
+    the states divided by dp under ZeRO-1."""
+    states = n_params * state_bytes / (dp if sharded else 1)
+    w, g = n_params * weight_bytes, n_params * grad_bytes
+    return {"weights": w, "gradients": g, "optimizer_states": states, "total": w + g + states}
 
 
 def exposed_comm(comm: dict, backward_s: float, overlap: bool = True) -> float:
@@ -168,17 +225,69 @@ def explain_all_reduce(nbytes: float, n: int, alpha: float, beta: float) -> str:
             f"bandwidth term at M = {alpha * beta * n / 1e6:.3f} MB")
 
 
+def inter_node_bytes(nbytes: float, nodes: int, per_node: int) -> dict:
+    """Bytes each inter-node link carries per direction for one all-reduce of M bytes.
+    Flat ring over all n = nodes*per_node ranks: every link of the ring, the node-crossing
+    ones included, carries 2(n-1)/n * M. Hierarchical: only the leaders cross nodes, in a
+    ring all-reduce among `nodes` leaders: 2(nodes-1)/nodes * M (M when nodes = 2)."""
+    n = nodes * per_node
+    return {"flat_ring": 2 * (n - 1) / n * nbytes, "hierarchical": 2 * (nodes - 1) / nodes * nbytes}
+
+
+def explain_hierarchical(nbytes: float, nodes: int, per_node: int) -> str:
+    v = inter_node_bytes(nbytes, nodes, per_node)
+    n = nodes * per_node
+    return (f"all-reduce of M = {nbytes / 1e6:g} MB over {nodes} nodes x {per_node} ranks:\n"
+            f"  flat ring of {n}: each inter-node link carries 2(n-1)/n M = {v['flat_ring'] / 1e6:g} MB "
+            f"per direction\n"
+            f"  hierarchical: reduce in the node, ring among {nodes} leaders, broadcast in the node: "
+            f"{v['hierarchical'] / 1e6:g} MB per leader link per direction "
+            f"({v['flat_ring'] / v['hierarchical']:.2f}x less)")
+
+
+def explain_tree(n: int, fab: Fabric) -> str:
+    piped = tree_beats_ring_below(n, fab.alpha, fab.beta, pipelined=True)
+    whole = tree_beats_ring_below(n, fab.alpha, fab.beta, pipelined=False)
+    return (f"{n} ranks, alpha {fab.alpha * 1e6:g} us, beta {fab.beta / 1e9:g} GB/s: latency 2(n-1)a for "
+            f"the ring against 2 ceil(log2 n) a for a tree.\n"
+            f"  a pipelined tree beats the ring below {piped / 1e6:.3f} MB\n"
+            f"  a whole-message tree (minddp.collectives.tree_all_reduce) beats it below "
+            f"{whole / 1e6:.3f} MB")
+
+
+def explain_zero(n_params: float, bpp: int, bucket_mb: float, world: int, fab: Fabric) -> str:
+    d = ddp_comm_time(n_params, bpp, bucket_mb, world, fab.alpha, fab.beta)
+    z = zero1_comm_time(n_params, bpp, bucket_mb, world, fab.alpha, fab.beta)
+    m_ddp = memory_per_rank(n_params, world, bpp, bpp)
+    m_zero = memory_per_rank(n_params, world, bpp, bpp, sharded=True)
+    gb = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+    return (f"{n_params / 1e6:g}M parameters over {world} data-parallel ranks, AdamW (8 B of state per "
+            f"parameter):\n"
+            f"  DDP    all-reduce {d['total_s'] * 1e3:.3f} ms; memory per rank {gb(m_ddp['total'])} = "
+            f"weights {gb(m_ddp['weights'])} + gradients {gb(m_ddp['gradients'])} + states "
+            f"{gb(m_ddp['optimizer_states'])}\n"
+            f"  ZeRO-1 reduce-scatter {z['reduce_scatter_s'] * 1e3:.3f} ms + all-gather "
+            f"{z['all_gather_s'] * 1e3:.3f} ms (the same bytes); memory per rank {gb(m_zero['total'])} = "
+            f"weights + gradients + states/{world} ({gb(m_zero['optimizer_states'])})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m minddp.costmodel", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("allreduce", "ddp"):
+    hier = sub.add_parser("hier", help="inter-node bytes: flat ring against hierarchical")
+    hier.add_argument("--nodes", type=int, required=True)
+    hier.add_argument("--per-node", type=int, required=True)
+    hier.add_argument("--size", type=parse_size, required=True)
+    for name in ("allreduce", "ddp", "zero", "tree"):
         p = sub.add_parser(name)
         p.add_argument("--preset", choices=sorted(PRESETS))
         p.add_argument("--alpha-us", type=float)
         p.add_argument("--beta-gbs", type=float)
         if name == "allreduce":
             p.add_argument("--size", type=parse_size, required=True)
+            p.add_argument("--n", type=int, required=True)
+        elif name == "tree":
             p.add_argument("--n", type=int, required=True)
         else:
             p.add_argument("--params", type=parse_size, required=True)
@@ -188,6 +297,9 @@ def main(argv=None) -> None:
             p.add_argument("--compute-ms", type=float, help="measured forward+backward time per step")
     sub.add_parser("presets")
     args = ap.parse_args(argv)
+    if args.cmd == "hier":
+        print(explain_hierarchical(args.size, args.nodes, args.per_node))
+        return
     if args.cmd == "presets":
         for k, f in PRESETS.items():
             print(f"{k:18s} alpha {f.alpha * 1e6:7.1f} us  beta {f.beta / 1e9:7.1f} GB/s  {f.note}")
@@ -195,6 +307,12 @@ def main(argv=None) -> None:
     fab = _fabric(args)
     if args.cmd == "allreduce":
         print(explain_all_reduce(args.size, args.n, fab.alpha, fab.beta))
+        return
+    if args.cmd == "tree":
+        print(explain_tree(args.n, fab))
+        return
+    if args.cmd == "zero":
+        print(explain_zero(args.params, DTYPE_BYTES[args.dtype], args.bucket_mb, args.world, fab))
         return
     bpp = DTYPE_BYTES[args.dtype]
     c = ddp_comm_time(args.params, bpp, args.bucket_mb, args.world, fab.alpha, fab.beta)

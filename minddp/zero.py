@@ -114,7 +114,9 @@ class ShardedOptimizer:
         for s in self._segments:
             s.tensor.grad = s.grad
         self.optim.step()
-        for b in range(len(self.ddp._buckets)):  # launched now, waited for by the next forward
+        # launched now, waited for by the next forward: the last bucket first, since it holds
+        # the first layers (buckets follow backward's order), which the forward needs first
+        for b in reversed(range(len(self.ddp._buckets))):
             lo, hi = self.ddp.shard_range(b)
             flat = self.ddp.flat_params[b]
             self._gathers[b] = _compat.all_gather_single(
@@ -131,14 +133,20 @@ class ShardedOptimizer:
             self._gathers.pop(b).wait()
 
     def _make_wait(self, module):
-        where = self.ddp._where
+        mine = {id(p) for p in module.parameters(recurse=False)}
+        cache = {}  # layout version -> the buckets holding this module's parameters
 
         def wait(mod, args):
-            if self._gathers:
-                ids = {id(p) for p in mod.parameters(recurse=False)}
-                for i, p in enumerate(self.ddp._params):
-                    if id(p) in ids and where[i][0] in self._gathers:
-                        self._gathers.pop(where[i][0]).wait()
+            if not self._gathers:
+                return
+            ddp = self.ddp
+            if ddp.layout_version not in cache:
+                cache.clear()
+                cache[ddp.layout_version] = sorted({ddp._where[i][0] for i, p in enumerate(ddp._params)
+                                                    if id(p) in mine})
+            for b in cache[ddp.layout_version]:
+                if b in self._gathers:
+                    self._gathers.pop(b).wait()
         return wait
 
     # ------------------------------------------------------- gradient norm

@@ -26,6 +26,8 @@ def _compare(rank, world_size, algo, dtype):
                 C.ring_all_reduce(got, op=op)
             elif algo == "rs_ag":
                 C.all_reduce_via_rs_ag(got, op=op)
+            elif algo == "tree":
+                C.tree_all_reduce(got, op=op)
             else:
                 C.hierarchical_all_reduce(got, groups, op=op)
             # 16-bit sums round differently in a different reduction order
@@ -40,13 +42,15 @@ def _compare(rank, world_size, algo, dtype):
         C.ring_all_reduce(m)
     elif algo == "rs_ag":
         C.all_reduce_via_rs_ag(m)
+    elif algo == "tree":
+        C.tree_all_reduce(m)
     else:
         C.hierarchical_all_reduce(m, groups)
     assert_close(m, ref)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-@pytest.mark.parametrize("algo", ["ring", "rs_ag", "hierarchical"])
+@pytest.mark.parametrize("algo", ["ring", "rs_ag", "tree", "hierarchical"])
 def test_equal_to_dist_all_reduce(algo, world_size):
     multiproc.run(_compare, world_size, algo, torch.float32, timeout=60)
 

@@ -84,3 +84,39 @@ def test_alpha_beta_fit_predicts_measured_gloo_time():
     assert alpha >= 0 and beta > 0
     # a shared 2-core VM: timings wander by tens of percent, so the stated tolerance is 2x
     assert measured / 2 <= predicted <= measured * 2, (predicted, measured, alpha, beta)
+
+
+def test_tree_against_ring_by_hand():
+    from minddp import costmodel as cm
+
+    a, b = 5e-6, 50e9
+    # n=16, log2 n = 4: whole-message tree 8(a + M/b) vs ring 30a + 1.875 M/b
+    assert cm.unpipelined_tree_all_reduce_time(1e6, 16, a, b) == pytest.approx(8 * (a + 1e6 / b))
+    m = cm.tree_beats_ring_below(16, a, b)
+    assert m == pytest.approx(2 * 11 * a * b / (8 - 1.875))  # 0.898 MB
+    for size, tree_wins in ((m / 2, True), (m * 2, False)):
+        tree = cm.unpipelined_tree_all_reduce_time(size, 16, a, b)
+        ring = cm.ring_all_reduce_time(size, 16, a, b)
+        assert (tree < ring) == tree_wins
+    assert cm.tree_beats_ring_below(16, a, b, pipelined=True) == pytest.approx(11 * 16 * a * b)  # 44 MB
+    assert cm.tree_beats_ring_below(2, a, b) == 0.0  # a ring of two is already one hop
+
+
+def test_in_switch_reduction_moves_about_half_a_rings_bytes():
+    from minddp import costmodel as cm
+
+    big = 1e11  # bandwidth-bound
+    ratio = cm.in_switch_all_reduce_time(big, 72, 3e-6, 900e9) / cm.ring_all_reduce_time(big, 72, 3e-6, 900e9)
+    assert ratio == pytest.approx(0.5, abs=0.02)
+    assert cm.PRESETS["b200-nvlink5"].beta == 900e9 and cm.PRESETS["ib-xdr"].beta == 100e9
+
+
+def test_zero1_moves_the_same_bytes_and_shards_the_states():
+    from minddp import costmodel as cm
+
+    d = cm.ddp_comm_time(124e6, 4, 25, 8, 5e-6, 50e9)
+    z = cm.zero1_comm_time(124e6, 4, 25, 8, 5e-6, 50e9)
+    assert z["reduce_scatter_s"] + z["all_gather_s"] == pytest.approx(d["total_s"])
+    plain, sharded = cm.memory_per_rank(124e6, 8), cm.memory_per_rank(124e6, 8, sharded=True)
+    assert plain["optimizer_states"] == 8 * 124e6 and sharded["optimizer_states"] == 124e6
+    assert sharded["total"] == plain["weights"] + plain["gradients"] + 124e6

@@ -1,0 +1,45 @@
+"""Every command in docs/exercises.md runs and prints what the text says."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_train_cli import BIN, ROOT
+
+DOC = (ROOT / "docs" / "exercises.md").read_text()
+
+
+def _commands():
+    """(command, [expected substrings]) from the bash blocks."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", DOC, re.S):
+        for line in block.strip().splitlines():
+            if line.startswith("# expect: "):
+                out[-1][1].append(line.removeprefix("# expect: "))
+            elif line.strip():
+                out.append((line.strip(), []))
+    return out
+
+
+COMMANDS = _commands()
+
+
+def test_every_exercise_has_a_command():
+    assert len(re.findall(r"^## \d+\.", DOC, re.M)) == 7
+    assert len(COMMANDS) >= 8
+
+
+@pytest.mark.parametrize("command,expected", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_exercise_command(command, expected):
+    words = command.split()
+    if words[0] == "torchrun":
+        words = [str(BIN / "torchrun"), *words[1:]]
+    elif words[0] == "python":
+        words = [sys.executable, *words[1:]]
+    p = subprocess.run(words, cwd=ROOT, capture_output=True, text=True, timeout=180,
+                       env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    for text in expected:
+        assert text in p.stdout + p.stderr, (text, p.stdout[-3000:])
