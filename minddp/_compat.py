@@ -51,3 +51,9 @@ def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async
     """torch 2.13's name for reduce_scatter_tensor (deprecated there); the old name before."""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(output, input, op=op, group=group, async_op=async_op)
+
+
+def profiler_enabled() -> bool:
+    """Whether a torch.profiler is recording: the engine names its bucket collectives with
+    record_function only then, so they cost nothing otherwise."""
+    return torch.autograd.profiler._is_profiler_enabled

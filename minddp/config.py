@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -85,6 +85,7 @@ class TrainConfig:
     peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table, or measured on CPU
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
+    profile_steps: Optional[List[int]] = None  # [first, last]: a torch.profiler trace of these steps
     bf16: bool = False
     device: str = "auto"  # auto | cpu | cuda
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
@@ -266,6 +267,9 @@ def _setting_problems(cfg):
         yield "train.timeout_s and train.init_timeout_s must be > 0"
     if t.device not in ("auto", "cpu", "cuda"):
         yield f"train.device must be auto, cpu or cuda, got {t.device!r}"
+    if t.profile_steps is not None and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0]
+                                        <= t.profile_steps[1]):
+        yield f"train.profile_steps must be [first, last] with 1 <= first <= last, got {t.profile_steps}"
     if t.peak_tflops is not None and t.peak_tflops <= 0:
         yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
     if data.name == "tokens":

@@ -468,15 +468,12 @@ class DistributedDataParallel(nn.Module):
         bucket.t_launch = now
         if self.trace is not None:
             self.trace.append(("launch", b, now))
-        # no .then() callback: it would run on the comm thread and contend for the GIL with
-        # backward; completion is observed by polling from the hooks (cheap) and at the end
-        if self.shard_optimizer:  # reduce-scatter: this rank's shard of the average, in place
-            lo, hi = self.shard_range(b)
-            op = dist.ReduceOp.AVG if self.reduce_op == "avg" else dist.ReduceOp.SUM
-            bucket.future = _WorkFuture(_compat.reduce_scatter_single(
-                bucket.buffer[lo:hi], bucket.buffer, op=op, group=self.process_group, async_op=True))
+        if _compat.profiler_enabled():  # a named range in torch.profiler traces
+            kind = "reduce_scatter" if self.shard_optimizer else "all_reduce"
+            with torch.profiler.record_function(f"minddp: bucket {b} {kind} ({bucket.grad_nbytes} B)"):
+                bucket.future = self._start_collective(b)
         else:
-            bucket.future = self._comm_hook(self._comm_state, self._grad_buckets[b])
+            bucket.future = self._start_collective(b)
         self._inflight.append(b)
         if self._cuda_timing:
             start, end = bucket.cuda_events
@@ -485,6 +482,18 @@ class DistributedDataParallel(nn.Module):
                 bucket.future.wait()  # the timing stream waits for the collective, the host does not
                 end.record()
         self._stats.launch_order.append(b)
+
+    def _start_collective(self, b: int):
+        """The bucket's asynchronous reduction. No .then() callback is chained: it would run on
+        the comm thread and contend for the GIL with backward; completion is observed by
+        polling from the hooks (cheap) and at the end of backward."""
+        bucket = self._buckets[b]
+        if self.shard_optimizer:  # reduce-scatter: this rank's shard of the average, in place
+            lo, hi = self.shard_range(b)
+            op = dist.ReduceOp.AVG if self.reduce_op == "avg" else dist.ReduceOp.SUM
+            return _WorkFuture(_compat.reduce_scatter_single(
+                bucket.buffer[lo:hi], bucket.buffer, op=op, group=self.process_group, async_op=True))
+        return self._comm_hook(self._comm_state, self._grad_buckets[b])
 
     def _poll_done(self) -> None:
         """Note the completion time of launched buckets that have finished (in launch order)."""
@@ -498,8 +507,7 @@ class DistributedDataParallel(nn.Module):
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
-        stats = self._stats
-        stats.launched_in_backward = self._next_bucket
+        self._stats.launched_in_backward = self._next_bucket
         self._reduced_since_forward = True
         t_wait = time.perf_counter()
         if self.trace is not None:
@@ -512,6 +520,23 @@ class DistributedDataParallel(nn.Module):
         for b in range(self._next_bucket, len(self._buckets)):
             self._launch(b)
         self._next_bucket = len(self._buckets)
+        if _compat.profiler_enabled():
+            with torch.profiler.record_function("minddp: wait for buckets"):
+                wire_bytes = self._wait_buckets()
+        else:
+            wire_bytes = self._wait_buckets()
+        self._record_stats(t_wait, wire_bytes)
+        if self.shard_optimizer:
+            self._check_used_here()  # each rank only holds its shard of the usage flags
+        elif not self.find_unused_parameters and self._cuda_timing and all(self._ready):
+            pass  # on CUDA reading the flags is a host sync: a rank that left a parameter unused reads them
+        else:
+            self._check_usage_flags()
+        if not self._rebuilt:
+            self._rebuild_in_ready_order()
+
+    def _wait_buckets(self) -> int:
+        """Wait for every bucket in order, copy results into the buffers; returns wire bytes."""
         rescale = (self.world_size / self._join["active"] if self._join and not self._join["divide"]
                    and self.reduce_op == "avg" and self._join["active"] < self.world_size else None)
         wire_bytes = 0
@@ -531,27 +556,20 @@ class DistributedDataParallel(nn.Module):
                 bucket.buffer.copy_(result)
             if rescale:  # averaged over the ranks still training, not the initial world
                 bucket.buffer.mul_(rescale)
+        return wire_bytes
+
+    def _record_stats(self, t_wait: float, wire_bytes: int) -> None:
         done = time.perf_counter()
         if self.trace is not None:
             self.trace.append(("wait_end", None, done))
         if self._cuda_timing:
             self._cuda_marks["wait_end"].record()  # after the compute stream waited for every bucket
+        stats = self._stats
         stats.exposed_wait_s = done - t_wait
         stats.comm_time_s = (self._t_last_done or done) - self._t_first_launch
         stats.busy_s = _union_length([(b.t_launch, b.t_done or done) for b in self._buckets])
         stats.num_collectives = len(self._buckets)
         stats.bytes = wire_bytes
-
-        if self.shard_optimizer:
-            self._check_used_here()  # each rank only holds its shard of the usage flags
-        elif not self.find_unused_parameters and self._cuda_timing and all(self._ready):
-            # on CUDA reading the flags is a host sync: skip it when every parameter was used
-            # here; a rank that left one unused reads them, raises, and the job stops
-            pass
-        else:
-            self._check_usage_flags()
-        if not self._rebuilt:
-            self._rebuild_in_ready_order()
 
     @property
     def comm_stats(self) -> CommStats:

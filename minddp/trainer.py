@@ -174,15 +174,43 @@ class Trainer:
     # ------------------------------------------------------------------- loop
     def fit(self) -> None:
         self._window: list[StepResult] = []
+        profiler = self._profiler()
         try:
             for step in range(self.start + 1, self.t.max_steps + 1):
-                if self.run_step(step):
+                if profiler:  # the training step's number in the trace (ProfilerStep# counts from 0)
+                    with torch.profiler.record_function(f"minddp: step {step}"):
+                        stop = self.run_step(step)
+                    profiler.step()
+                else:
+                    stop = self.run_step(step)
+                if stop:
                     break
         finally:
+            if profiler:
+                profiler.stop()
             self.tracker.close()
         # leave together: a rank that tears down its process group while a peer is still in
         # a collective makes gloo's connection threads abort the peer at exit
         dist.barrier()
+
+    def _profiler(self):
+        """train.profile_steps=[a,b]: a torch.profiler trace of steps a..b on every rank, in
+        <run dir>/profile/ (TensorBoard's trace handler: open with TensorBoard or Perfetto)."""
+        if not self.t.profile_steps:
+            return None
+        first, last = self.t.profile_steps
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.info.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        skip = max(0, first - 1 - self.start)
+        prof = torch.profiler.profile(
+            activities=activities, record_shapes=True,
+            schedule=torch.profiler.schedule(skip_first=skip, wait=0, warmup=0, active=last - first + 1,
+                                             repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                f"{self.run_dir}/profile", worker_name=f"rank{self.info.rank}"))
+        prof.start()
+        return prof
 
     def run_step(self, step: int) -> bool:
         """One step as the loop runs it: train, log, checkpoint. True when the run should stop."""

@@ -222,3 +222,18 @@ def test_multirun_jobs_share_one_sweep_dir_by_default(tmp_path):
     root = tmp_path / "multirun"
     found = sorted(p.relative_to(root) for p in root.rglob("metrics.jsonl"))
     assert len(found) == 3 and len({p.parent.parent for p in found}) == 1, found
+
+
+def test_torch_profiler_trace_of_chosen_steps_names_the_bucket_collectives(tmp_path):
+    run_train(tmp_path / "run", *SMALL, "train.max_steps=4", "train.profile_steps=[2,3]",
+              "ddp.bucket_cap_mb=0.01", nproc=2)
+    traces = sorted((tmp_path / "run" / "profile").glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]  # every rank
+    for t in traces:
+        events = json.loads(t.read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert any(n.startswith("minddp: bucket 0 all_reduce") for n in names)
+        assert "minddp: wait for buckets" in names
+        steps = {n for n in names if n.startswith("minddp: step ")}
+        assert steps == {"minddp: step 2", "minddp: step 3"}, steps  # exactly the chosen steps
+        assert any("autograd" in n.lower() or "Backward" in n for n in names)  # beside autograd
