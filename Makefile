@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench bench-trainer bench-debug bench-collectives timeline scaling gpu-check lint clean
+.PHONY: install train sweep test test-fast bench bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -61,6 +61,16 @@ bench-debug: install
 # nccl-tests-style sweep of every collective, alpha-beta fit, memcpy reference
 bench-collectives: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench --op all -e 64MiB $(ARGS)
+
+# alpha-beta fit, contention and the engine's per-bucket cost for the cost model: docs/calibration.json
+calibrate: install
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench --op all_reduce -e 64MiB \
+	  --calibrate docs/calibration.json
+
+# every run under DIR (a multirun, a Slurm sweep, several train.py runs): DIR/report.{md,png}
+DIR ?= outputs
+report: install
+	$(BIN)/python -m minddp.report $(DIR)
 
 # one step with overlap on and off, per rank: docs/timeline.{json,png}
 timeline: install

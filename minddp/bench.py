@@ -13,6 +13,13 @@ inputs. "size" is the largest buffer involved (the input of reduce-scatter, the 
 of all-gather).
 Then t = ca*alpha + cb*size/beta (the op's own cost coefficients) is fitted by least
 squares, and the machine's memory-copy bandwidth is printed as the physical reference.
+
+`--calibrate FILE` (make calibrate) also measures what the DDP cost model needs beyond
+alpha and beta, and writes all of it as JSON for `python -m minddp.costmodel --calibration`
+and `python -m minddp.scaling`:
+- contention: a 4 MB all-reduce timed alone and while this rank runs matmuls (as it does
+  during backward); where communication shares cores with compute, the ratio is > 1;
+- the engine's CPU cost per bucket (launch, hooks, wait), with communication stubbed out.
 """
 
 from __future__ import annotations
@@ -137,6 +144,49 @@ def memcpy_bandwidth(nbytes=256 * 2**20, reps=5, device=None) -> float:
     return nbytes * reps / seconds
 
 
+def contention_factor(device, nbytes: int = 4 * 2**20, reps: int = 8) -> dict:
+    """All-reduce time alone, and while the calling thread computes (a matmul loop, as during
+    backward): the ratio says how much compute slows communication on these cores."""
+    x = torch.ones(nbytes // 4, device=device)
+    a = torch.randn(256, 256, device=device)
+    alone, busy = [], []
+    for _ in range(reps):
+        alone.append(timed(lambda: dist.all_reduce(x), device))
+
+        def overlapped():
+            work = dist.all_reduce(x, async_op=True)
+            while not work.is_completed():
+                a @ a  # the compute the collective has to share the machine with
+            work.wait()
+        busy.append(timed(overlapped, device))
+    t = torch.tensor([statistics.median(alone), statistics.median(busy)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"bytes": nbytes, "alone_s": t[0].item(), "with_compute_s": t[1].item(),
+            "factor": max(1.0, t[1].item() / t[0].item())}
+
+
+def engine_overhead_per_bucket(device) -> float:
+    """Seconds of the engine's own CPU work per bucket, communication stubbed out."""
+    from .bench_ddp import per_bucket_cost
+    from .model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32)).to(device)
+    x = torch.randint(0, 256, (4, 33), device=device)
+    return max(0.0, per_bucket_cost(base, x, reps=10)["minddp"][0])
+
+
+def write_calibration(path, rows, n, device) -> dict:
+    alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
+    cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta,
+           "contention": contention_factor(device),
+           "overhead_per_bucket_s": engine_overhead_per_bucket(device)}
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(cal, f, indent=1)
+    return cal
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m minddp.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +199,8 @@ def main(argv=None) -> None:
     ap.add_argument("-n", "--iters", type=int, default=10)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                     help="auto: nccl on CUDA (device cuda:LOCAL_RANK), else gloo on CPU")
+    ap.add_argument("--calibrate", metavar="FILE",
+                    help="also measure contention and per-bucket engine cost; write the calibration JSON")
     ap.add_argument("--csv")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -173,6 +225,12 @@ def main(argv=None) -> None:
             if n > 1 and len(rows) >= 2:
                 alpha, beta = fit_alpha_beta(rows, n)
                 print(f"# alpha-beta fit ({op}): alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
+    if args.calibrate:
+        cal = write_calibration(args.calibrate, all_rows, n, device)
+        if rank == 0:
+            print(f"\n# calibration -> {args.calibrate}: alpha {cal['alpha'] * 1e6:.1f} us, beta "
+                  f"{cal['beta'] / 1e9:.3f} GB/s, contention x{cal['contention']['factor']:.2f}, engine "
+                  f"{cal['overhead_per_bucket_s'] * 1e6:.0f} us per bucket")
     bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
         print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")

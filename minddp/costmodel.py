@@ -134,6 +134,62 @@ PRESETS = {
     "this-machine-gloo": Fabric(300e-6, 1.4e9, "gloo over loopback, 2 ranks on 2 cores (measured)"),
 }
 
+@dataclass(frozen=True)
+class Calibration:
+    """What a DDP step costs on a measured machine, beyond alpha and beta (`make calibrate`)."""
+
+    fabric: Fabric
+    overhead_per_bucket_s: float = 0.0  # the engine's launch + hooks + wait, per bucket
+    contention: float = 1.0  # all-reduce slowdown while the same cores compute (>= 1)
+
+    @classmethod
+    def load(cls, path) -> "Calibration":
+        import json
+
+        with open(path) as f:
+            c = json.load(f)
+        fab = Fabric(c["alpha"], c["beta"], f"measured by minddp.bench --calibrate ({path})")
+        return cls(fab, c.get("overhead_per_bucket_s", 0.0), c.get("contention", {}).get("factor", 1.0))
+
+
+def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, backward_s: float = 0.0,
+                     overlap: bool = True) -> dict:
+    """Busy time (at least one bucket in flight) and exposed time of one step's gradient
+    reduction: a ring all-reduce per bucket, slowed by `contention` when it runs under
+    backward (every bucket but the last), plus the engine's per-bucket cost; exposed is what
+    does not fit under backward, and at least the last bucket, which can only start when
+    backward ends."""
+    if world <= 1 or not bucket_bytes:
+        return {"busy_s": 0.0, "exposed_s": 0.0, "buckets": len(bucket_bytes)}
+    f = cal.fabric
+    # buckets launched under backward share the cores with it; the last one is launched when
+    # backward ends (it holds the first layers' gradients) and runs alone
+    last = len(bucket_bytes) - 1
+    slow = [cal.contention if overlap and k < last else 1.0 for k in range(len(bucket_bytes))]
+    per = [ring_all_reduce_time(b, world, f.alpha, f.beta) * c + cal.overhead_per_bucket_s
+           for b, c in zip(bucket_bytes, slow)]
+    busy = sum(per)
+    exposed = max(per[-1], busy - backward_s) if overlap else busy
+    return {"busy_s": busy, "exposed_s": exposed, "buckets": len(bucket_bytes)}
+
+
+def bucket_bytes(total: float, cap_mb: float | None, tensor_bytes: float | None = None) -> list[float]:
+    """Bucket sizes under torch's rule (a bucket closes once it reaches the cap; 1 MiB first
+    when no cap is given), for `total` bytes in tensors of about `tensor_bytes` each."""
+    cap = (25.0 if cap_mb is None else cap_mb) * 2**20
+    first = 2**20 if cap_mb is None else cap
+    step = tensor_bytes or total / 100
+    sizes, current, limit, left = [], 0.0, first, total
+    while left > 0:
+        t = min(step, left)
+        current += t
+        left -= t
+        if current >= limit:
+            sizes.append(current)
+            current, limit = 0.0, cap
+    return sizes + ([current] if current else [])
+
+
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8}
 
 
@@ -183,9 +239,15 @@ def exposed_comm(comm: dict, backward_s: float, overlap: bool = True) -> float:
 
 
 def best_bucket_mb(n_params, bytes_per_param, world, alpha, beta, backward_s,
-                   candidates=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)) -> tuple[float, float]:
-    """The candidate cap with the least exposed communication, and that exposed time."""
-    scored = [(exposed_comm(ddp_comm_time(n_params, bytes_per_param, c, world, alpha, beta), backward_s), c)
+                   candidates=(0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000),
+                   calibration: Calibration | None = None, tensor_bytes: float | None = None
+                   ) -> tuple[float, float]:
+    """The candidate cap with the least exposed communication, and that exposed time. With a
+    calibration, every bucket also pays the engine's cost and the contention factor, which is
+    what makes very small buckets lose on a real machine."""
+    cal = calibration or Calibration(Fabric(alpha, beta, "given"))
+    total = n_params * bytes_per_param
+    scored = [(predict_ddp_comm(bucket_bytes(total, c, tensor_bytes), world, cal, backward_s)["exposed_s"], c)
               for c in candidates]
     exposed, cap = min(scored)
     return cap, exposed
@@ -205,6 +267,8 @@ def parse_size(text: str) -> float:
 
 
 def _fabric(args) -> Fabric:
+    if getattr(args, "calibration", None):
+        return Calibration.load(args.calibration).fabric
     if args.preset:
         return PRESETS[args.preset]
     if args.alpha_us is None or args.beta_gbs is None:
@@ -282,6 +346,7 @@ def main(argv=None) -> None:
     for name in ("allreduce", "ddp", "zero", "tree"):
         p = sub.add_parser(name)
         p.add_argument("--preset", choices=sorted(PRESETS))
+        p.add_argument("--calibration", metavar="FILE", help="JSON from `make calibrate` (minddp.bench)")
         p.add_argument("--alpha-us", type=float)
         p.add_argument("--beta-gbs", type=float)
         if name == "allreduce":
@@ -324,7 +389,8 @@ def main(argv=None) -> None:
         bwd = args.compute_ms * 1e-3 * 2 / 3  # backward is about 2/3 of forward+backward
         exp = exposed_comm(c, bwd)
         bound = "communication" if c["total_s"] > bwd else "compute"
-        cap, best = best_bucket_mb(args.params, bpp, args.world, fab.alpha, fab.beta, bwd)
+        cal = Calibration.load(args.calibration) if args.calibration else None
+        cap, best = best_bucket_mb(args.params, bpp, args.world, fab.alpha, fab.beta, bwd, calibration=cal)
         print(f"  backward ~{bwd * 1e3:.1f} ms: {bound}-bound; exposed communication "
               f"{exp * 1e3:.3f} ms with overlap ({exp / (args.compute_ms * 1e-3 + exp):.1%} of the step)")
         print(f"  bucket size with least exposed communication: {cap:g} MB ({best * 1e3:.3f} ms)")

@@ -474,7 +474,12 @@ class DistributedDataParallel(nn.Module):
                 bucket.future = self._start_collective(b)
         else:
             bucket.future = self._start_collective(b)
-        self._inflight.append(b)
+        if isinstance(bucket.future, torch.futures.Future) and not self._cuda_timing:
+            # the completion time, exactly (busy_s): a callback on the comm thread. (On CUDA the
+            # future completes at enqueue and CUDA events time the work instead.)
+            bucket.future = bucket.future.then(functools.partial(self._on_done, b))
+        else:  # a Work without a future (gloo's reduce-scatter): completion seen by polling
+            self._inflight.append(b)
         if self._cuda_timing:
             start, end = bucket.cuda_events
             start.record()  # on the compute stream: the bucket is handed to the backend here
@@ -484,9 +489,7 @@ class DistributedDataParallel(nn.Module):
         self._stats.launch_order.append(b)
 
     def _start_collective(self, b: int):
-        """The bucket's asynchronous reduction. No .then() callback is chained: it would run on
-        the comm thread and contend for the GIL with backward; completion is observed by
-        polling from the hooks (cheap) and at the end of backward."""
+        """The bucket's asynchronous reduction: a Future (a comm hook's) or a Work wrapper."""
         bucket = self._buckets[b]
         if self.shard_optimizer:  # reduce-scatter: this rank's shard of the average, in place
             lo, hi = self.shard_range(b)
@@ -499,6 +502,10 @@ class DistributedDataParallel(nn.Module):
         """Note the completion time of launched buckets that have finished (in launch order)."""
         while self._inflight and self._buckets[self._inflight[0]].future.done():
             self._mark_done(self._inflight.popleft())
+
+    def _on_done(self, b: int, fut):
+        self._mark_done(b)
+        return fut.value()
 
     def _mark_done(self, b: int) -> None:
         self._t_last_done = self._buckets[b].t_done = time.perf_counter()

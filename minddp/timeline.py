@@ -72,6 +72,17 @@ def write(traces: dict[str, list[dict]], out_prefix: str) -> tuple[str, str]:
     return out_prefix + ".json", out_prefix + ".png"
 
 
+def compiled(model, how: str):
+    """`model`: one graph, so its backward is one node and every gradient hook fires at its
+    end; `blocks`: one graph per transformer block, so hooks fire block by block."""
+    if how == "model":
+        return torch.compile(model)
+    if how == "blocks":
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block)
+    return model
+
+
 def main(argv=None) -> None:
     from torch.nn import functional as F
 
@@ -84,6 +95,9 @@ def main(argv=None) -> None:
     ap.add_argument("--bucket-mb", type=float, default=5.0)
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
+    ap.add_argument("--compile", default="none", choices=["none", "model", "blocks", "all"],
+                    help="torch.compile the whole model, each transformer block, or compare all three "
+                         "(overlap on)")
     args = ap.parse_args(argv)
     device = start().device
     torch.manual_seed(0)
@@ -91,8 +105,12 @@ def main(argv=None) -> None:
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
     traces = {}
-    for overlap in (True, False):
-        model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, overlap=overlap)
+    variants = ([(True, "none"), (False, "none")] if args.compile == "none" else
+                [(True, c) for c in ("none", "model", "blocks")] if args.compile == "all" else
+                [(True, args.compile)])
+    for overlap, how in variants:
+        model = DistributedDataParallel(compiled(GPT(cfg).to(device), how), bucket_cap_mb=args.bucket_mb,
+                                        overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         for _ in range(3):  # two warm-up steps (the first rebuilds the buckets), one traced
             tr = StepTrace(model)
@@ -111,7 +129,8 @@ def main(argv=None) -> None:
             sync(device)
             tr.span("optimizer", t, time.perf_counter())
             trace = tr.stop()
-        label = f"overlap={overlap}: {len(model.bucket_assignment)} buckets, cap {args.bucket_mb:g} MB"
+        label = (f"overlap={overlap}, compile={how}: {len(model.bucket_assignment)} buckets, "
+                 f"cap {args.bucket_mb:g} MB")
         traces[label] = gather(trace)
     if dist.get_rank() == 0:
         print("wrote", *write(traces, args.out))

@@ -13,11 +13,14 @@ number of processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -153,8 +156,12 @@ class Trainer:
         if not info.is_main:
             return NullTracker()
         name = run_name(cfg, info.world_size, self.dims)
-        tracker = Tracker(self.run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.wandb, name,
-                          t.max_steps, self.start, t.log_every)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        tracker = Tracker(self.run_dir, config, cfg.wandb, name, t.max_steps, self.start, t.log_every)
+        write_run_info(self.run_dir, {  # what minddp.report needs to compare runs
+            "world_size": info.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "backend": info.backend,
+            "device": info.device.type, "num_params": self.num_params, "accumulation": self.accum,
+            "peak_tflops_job": self.job_peak_tflops, "config": config})
         tracker.info(
             f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} ({info.backend} on "
             f"{info.device.type}), dp {self.dims.dp} x tp {self.dims.tp}, accumulation {self.accum}, "
@@ -414,6 +421,13 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][self.info.rank % len(state["rng"])], self.info.device)
         return state["step"]
+
+
+def write_run_info(run_dir: str, info: dict) -> None:
+    path = Path(run_dir) / "run.json"
+    tmp = path.with_name(f".run.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path)
 
 
 def rng_state(device: torch.device) -> dict:
