@@ -166,12 +166,13 @@ def main() -> None:
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
 
-    ratios = {cap: [] for cap in caps}
+    ratios, ours_ms = {cap: [] for cap in caps}, {cap: [] for cap in caps}
     for _ in range(args.repeats):
         med = interleaved(configs, x, args.rounds, args.steps_per_round)
         by = {(label, cap): m for (label, cap, _), m in zip(configs, med)}
         for cap in caps:
             ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
+            ours_ms[cap].append(by[("minddp", cap)] * 1e3)
     buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
                for label, cap, m in configs}
     zero = zero_section(base, x, args)
@@ -181,7 +182,7 @@ def main() -> None:
     if rank == 0:
         zero = [(label, ratio, [e[k][0] for e in everyone], [e[k][1] for e in everyone])
                 for k, (label, ratio, _, _) in enumerate(zero)]
-        table = report(args, base, cfg, world, caps, ratios, buckets, cost, zero)
+        table = report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms)
         print(table, flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -190,7 +191,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def report(args, base, cfg, world, caps, ratios, buckets, cost, zero) -> str:
+def report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms) -> str:
     lines = [
         f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
         f"{world} gloo ranks pinned to one core each, 1 thread, batch {args.batch}x{cfg.block_size} "
@@ -198,13 +199,14 @@ def report(args, base, cfg, world, caps, ratios, buckets, cost, zero) -> str:
         "steps per configuration.",
         "",
         "| bucket cap (MB) | buckets minddp / torch | minddp / torch DDP step time: median "
-        "| spread (min-max) |",
-        "|---|---|---|---|",
+        "| spread (min-max) | minddp step (ms) |",
+        "|---|---|---|---|---|",
     ]
     for cap in caps:
         r = ratios[cap]
         lines.append(f"| {cap:g} | {buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]} | "
-                     f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} |")
+                     f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} | "
+                     f"{statistics.median(ours_ms[cap]):.0f} |")
     lines += ["", "ZeRO-1 (AdamW, cap 25 MB; ratio of median step times against minddp DDP, same rounds; "
               "optimizer state and the resident memory its first step added, per rank):", "",
               "| configuration | step time vs minddp DDP | optimizer state per rank (MB) | "

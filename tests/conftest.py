@@ -4,6 +4,56 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.multiproc import free_port  # noqa: E402
+
 torch.set_num_threads(1)
+
+# ------------------------------------------------ shared by the end-to-end tests
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+         "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
+         "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
+
+
+
+def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180):
+    if nproc == 1:
+        cmd = [sys.executable, str(ROOT / "train.py")]
+    else:
+        cmd = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py")]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
+    if run_dir is not None:
+        full_env["MINDDP_RUN_DIR"] = str(run_dir)
+    p = subprocess.run(cmd + list(overrides), capture_output=True, text=True, env=full_env,
+                       cwd=cwd or ROOT, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
+    return p
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_model(run_dir):
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.pt"))
+    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+
+
+def assert_same_curves(a, b, atol=2e-5):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=atol), (ra["step"], ra["loss"], rb["loss"])
+        assert ("val_loss" in ra) == ("val_loss" in rb)
+        if "val_loss" in ra:
+            assert ra["val_loss"] == pytest.approx(rb["val_loss"], abs=atol)

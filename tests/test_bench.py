@@ -10,7 +10,7 @@ import torch
 from minddp.bench import OPS, fit_alpha_beta, run_op
 from minddp.costmodel import busbw_factor
 from tests import multiproc
-from tests.test_train_cli import BIN, ROOT
+from tests.conftest import BIN, ROOT
 
 
 def _all_ops(rank, world_size):
@@ -72,12 +72,12 @@ def test_scaling_study_smoke(tmp_path):
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| 2 | 25")]
     assert len(rows) == 1 and float(rows[0][8]) > 0  # world 2: a prediction/measurement ratio
     # only that the plot was written (its content is the table's numbers)
-    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000  # only that it was drawn
 
 
 @pytest.mark.slow
 def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path):
-    from tests.test_train_cli import SMALL, run_train
+    from tests.conftest import SMALL, run_train
 
     sweep = tmp_path / "sweep"
     for nproc, cap in ((1, 0.01), (2, 0.01), (2, 25)):

@@ -15,7 +15,7 @@ from minddp import checkpoint, consistency, debug
 from minddp.dist import env_ranks
 from minddp.errors import ConfigError
 from tests import multiproc
-from tests.test_train_cli import SMALL, assert_same_curves, final_model, metrics, run_train
+from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train
 
 
 # ------------------------------------------- fingerprints (torch's DETAIL mode)
@@ -201,9 +201,9 @@ def test_killed_rank_fails_the_job_fast_naming_it_and_leaves_a_loadable_checkpoi
     import signal
     import time
 
+    from tests.conftest import BIN, ROOT
     from tests.multiproc import free_port
     from tests.test_launch import LONG, _env, _wait_for_step
-    from tests.test_train_cli import BIN, ROOT
 
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",

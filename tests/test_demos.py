@@ -7,7 +7,7 @@ import pytest
 
 from minddp.demos import DEMOS, MODULES
 from tests import multiproc
-from tests.test_train_cli import BIN, ROOT
+from tests.conftest import BIN, ROOT
 
 
 def _demo(rank, world_size, name):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.test_train_cli import BIN, ROOT
+from tests.conftest import BIN, ROOT
 
 DOC = (ROOT / "docs" / "exercises.md").read_text()
 

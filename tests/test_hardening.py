@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from minddp.config import register, validate
 from minddp.errors import ConfigError
-from tests.test_train_cli import BIN, ROOT, SMALL, final_model, metrics, run_train
+from tests.conftest import BIN, ROOT, SMALL, final_model, metrics, run_train
 
 register()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import BIN, ROOT, SMALL, assert_same_curves, final_model, metrics, run_train
 from tests.multiproc import free_port
-from tests.test_train_cli import BIN, ROOT, SMALL, assert_same_curves, final_model, metrics, run_train
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=4"]

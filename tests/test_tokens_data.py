@@ -11,7 +11,7 @@ from torch.utils.data import DistributedSampler
 
 from minddp import data
 from minddp.errors import ConfigError
-from tests.test_train_cli import SMALL, assert_same_curves, metrics, run_train
+from tests.conftest import SMALL, assert_same_curves, metrics, run_train
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
 

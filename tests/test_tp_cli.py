@@ -3,7 +3,7 @@
 import pytest
 from torch.testing import assert_close
 
-from tests.test_train_cli import SMALL, assert_same_curves, final_model, metrics, run_train
+from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=5"]

@@ -1,59 +1,15 @@
 """End to end: the real CLI under `python` and `torchrun`, reading what the runs wrote."""
 
 import json
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from tests.multiproc import free_port
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
-         "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
-         "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
+from tests.conftest import BIN, ROOT, SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: F401
 
 pytestmark = pytest.mark.slow
-
-
-def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180):
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "train.py")]
-    else:
-        cmd = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py")]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
-    if run_dir is not None:
-        full_env["MINDDP_RUN_DIR"] = str(run_dir)
-    p = subprocess.run(cmd + list(overrides), capture_output=True, text=True, env=full_env,
-                       cwd=cwd or ROOT, timeout=timeout)
-    if check and p.returncode != 0:
-        raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
-    return p
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
-def final_model(run_dir):
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.pt"))
-    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
-
-
-def assert_same_curves(a, b, atol=2e-5):
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b):
-        assert ra["loss"] == pytest.approx(rb["loss"], abs=atol), (ra["step"], ra["loss"], rb["loss"])
-        assert ("val_loss" in ra) == ("val_loss" in rb)
-        if "val_loss" in ra:
-            assert ra["val_loss"] == pytest.approx(rb["val_loss"], abs=atol)
 
 
 def test_loss_curve_does_not_depend_on_how_the_batch_is_split(tmp_path):
@@ -187,10 +143,13 @@ def test_multirun_sweep_single_process(tmp_path):
 
 def test_text_data_from_a_folder(tmp_path):
     run_train(tmp_path / "run", "model=mlp", "data=text", f"data.path={ROOT / 'minddp'}",
-              f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=3", "train.global_batch_size=8",
-              "train.micro_batch_size=4", "train.eval_samples=16", "wandb.mode=disabled")
+              f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=25", "train.global_batch_size=8",
+              "train.micro_batch_size=4", "train.eval_samples=16", "optim.lr=3e-3", "optim.warmup_steps=2",
+              "wandb.mode=disabled")
     rows = metrics(tmp_path / "run")
-    assert len(rows) == 3 and 0 < rows[0]["loss"] < 6.0 and "val_loss" in rows[-1]
+    assert len(rows) == 25 and "val_loss" in rows[-1]
+    # it learns: ln 256 = 5.55 at initialisation, well below after 25 steps on a fixed seed
+    assert rows[0]["loss"] > 5.0 and rows[-1]["loss"] < rows[0]["loss"] - 1.5, (rows[0], rows[-1])
     assert list((tmp_path / "cache").glob("corpus-*.bin"))  # the text became a token file
 
 
@@ -198,6 +157,7 @@ def test_overlap_timeline_of_one_step(tmp_path):
     run_train(tmp_path / "run", *SMALL, "train.max_steps=3", "train.trace_step=2",
               "ddp.bucket_cap_mb=0.01", nproc=2)
     trace = json.loads((tmp_path / "run" / "trace_step2.json").read_text())["traceEvents"]
+    # the PNG: only that it was drawn (its content is this JSON's spans, checked below)
     assert (tmp_path / "run" / "trace_step2.png").stat().st_size > 10_000
     for rank in (0, 1):
         mine = [e for e in trace if e["pid"] == f"rank {rank}"]
@@ -213,8 +173,8 @@ def test_overlap_timeline_of_one_step(tmp_path):
 def test_bf16_autocast_trains(tmp_path):
     run_train(tmp_path / "run", *SMALL, "train.max_steps=4", "train.bf16=true", nproc=2)
     rows = metrics(tmp_path / "run")
-    assert all(r["loss"] is not None and r["loss"] < 6 for r in rows)
-    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert all(r["loss"] is not None for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.05  # learning in bf16, not just finite
 
 
 def test_multirun_jobs_share_one_sweep_dir_by_default(tmp_path):

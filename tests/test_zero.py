@@ -95,7 +95,7 @@ def test_bad_combinations_name_the_alternative():
 
 
 # ----------------------------------------------------------- through train.py
-from tests.test_train_cli import SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: E402
+from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: E402
 
 
 def _same_model(a, b, atol=1e-5):
