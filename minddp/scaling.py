@@ -154,8 +154,8 @@ def reading(results) -> list[str]:
     return [
         "Reading it. At world 2 the calibrated prediction is within 20% of the measured busy time at "
         f"{', '.join(within) or 'no cap'}. The term it lacks shows in the world-1 rows, where nothing "
-        f"crosses a wire and busy is still {small['busy_s'] * 1e3:.0f} ms over {small['collectives']} buckets "
-        f"at {small['cap']:g} MB ({small['busy_s'] / small['collectives'] * 1e3:.1f} ms a bucket): the "
+        f"crosses a wire and busy is still {small['busy_s'] * 1e3:.0f} ms over {small['collectives']} "
+        f"buckets at {small['cap']:g} MB ({small['busy_s'] / small['collectives'] * 1e3:.1f} ms a bucket): the "
         "engine learns that a collective finished through a callback on the communication thread, which "
         "needs the GIL, and a backward thread holding it yields only every switch interval (5 ms), so "
         "a bucket counts as busy until it is noticed, not just until it is done. Adding that measured "
