@@ -151,18 +151,20 @@ def reading(results) -> list[str]:
     within = [f"{r['cap']:g} MB" for r in w2 if abs(r["predicted_busy_s"] / r["busy_s"] - 1) <= 0.2]
     floored = [f"{r['cap']:g} MB" for r in w2
                if abs((r["predicted_busy_s"] + r["floor_s"]) / r["busy_s"] - 1) <= 0.2]
+    per = small["busy_s"] / small["collectives"] * 1e3
     return [
-        "Reading it. At world 2 the calibrated prediction is within 20% of the measured busy time at "
-        f"{', '.join(within) or 'no cap'}. The term it lacks shows in the world-1 rows, where nothing "
-        f"crosses a wire and busy is still {small['busy_s'] * 1e3:.0f} ms over {small['collectives']} "
-        f"buckets at {small['cap']:g} MB ({small['busy_s'] / small['collectives'] * 1e3:.1f} ms a "
-        "bucket): the engine learns that a collective finished through a callback on the communication thread, which "
-        "needs the GIL, and a backward thread holding it yields only every switch interval (5 ms), so "
-        "a bucket counts as busy until it is noticed, not just until it is done. Adding that measured "
-        f"world-1 floor to the prediction brings {', '.join(floored) or 'no cap'} within 20%; what remains "
-        "at the largest cap is bandwidth: the fit's beta is set by the mid-size messages, and one 43 MB "
-        "message moves faster. Rows at world 4 are oversubscribed (4 ranks on 2 cores): they time-share "
-        "cores, which no per-collective model captures, and their efficiency is not reported."]
+        "Reading it. At world 2 the calibrated prediction is within 20% of the measured busy time "
+        f"at {', '.join(within) or 'no cap'}. The term it lacks shows in the world-1 rows, where "
+        f"nothing crosses a wire and busy is still {small['busy_s'] * 1e3:.0f} ms over "
+        f"{small['collectives']} buckets at {small['cap']:g} MB ({per:.1f} ms a bucket): the engine "
+        "learns that a collective finished through a callback on the communication thread, which "
+        "needs the GIL, and a backward thread holding it yields only every switch interval (5 ms), "
+        "so a bucket counts as busy until it is noticed, not just until it is done. Adding that "
+        f"measured world-1 floor to the prediction brings {', '.join(floored) or 'no cap'} within 20%; "
+        "what remains at the largest cap is bandwidth: the fit's beta is set by the mid-size "
+        "messages, and one 43 MB message moves faster. Rows at world 4 are oversubscribed (4 ranks "
+        "on 2 cores): they time-share cores, which no per-collective model captures, and their "
+        "efficiency is not reported."]
 
 
 def plot(results, worlds, caps, png) -> None:
