@@ -119,8 +119,9 @@ class ShardedOptimizer:
         for b in reversed(range(len(self.ddp._buckets))):
             lo, hi = self.ddp.shard_range(b)
             flat = self.ddp.flat_params[b]
+            # in place: the input is this rank's slice of the output (NCCL's in-place layout)
             self._gathers[b] = _compat.all_gather_single(
-                flat, flat[lo:hi].clone(), group=self.ddp.process_group, async_op=True)
+                flat, flat[lo:hi], group=self.ddp.process_group, async_op=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.ddp.module.zero_grad(set_to_none=set_to_none)
