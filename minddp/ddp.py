@@ -20,6 +20,11 @@ Life of one iteration (a forward outside `no_sync()`, then `loss.backward()`):
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
+The constructor takes torch DDP's arguments in torch's order (`device_ids`, `output_device`,
+`dim`, `broadcast_buffers`, `init_sync`, `process_group`, `bucket_cap_mb`,
+`find_unused_parameters`, ..., `device_mesh`), so `DDP(model, device_ids=[local_rank])`
+from an existing script works unchanged; minddp's own options are keyword-only after them.
+
 torch-DDP-compatible attributes a training script may set or read:
 - `require_backward_grad_sync`: False makes the next forward/backward accumulate
   locally (what `no_sync()` toggles; nanoGPT and llm.c set it per micro-step);
@@ -84,11 +89,22 @@ class DistributedDataParallel(nn.Module):
     def __init__(
         self,
         module: nn.Module,
-        *,
+        device_ids=None,  # torch DDP's arguments, in its order, so its call sites work unchanged
+        output_device=None,
+        dim: int = 0,
+        broadcast_buffers: bool = True,
+        init_sync: bool = True,
         process_group=None,
         bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
-        broadcast_buffers: bool = True,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        delay_all_reduce_named_params=None,
+        param_to_hook_all_reduce=None,
+        mixed_precision=None,
+        device_mesh=None,
+        *,
         overlap: bool = True,
         reduce_op: str = "avg",
         compress: str | None = None,
@@ -110,6 +126,9 @@ class DistributedDataParallel(nn.Module):
         if compress not in BUILTIN_HOOKS:
             raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
         bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+        process_group = _torch_arguments(module, device_ids, process_group, device_mesh,
+                                         delay_all_reduce_named_params, param_to_hook_all_reduce,
+                                         mixed_precision)
         if shard_optimizer:
             _check_shardable(compress, algorithm, find_unused_parameters)
         _check_not_wrapped(module)
@@ -140,9 +159,10 @@ class DistributedDataParallel(nn.Module):
         self._device = first.device if first is not None else torch.device("cpu")
 
         self._check_same_model_across_ranks()
-        with torch.no_grad():
-            self._broadcast_coalesced([p.detach() for p in module.parameters()])
-            self._broadcast_coalesced(self._module_buffers)
+        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
+            with torch.no_grad():
+                self._broadcast_coalesced([p.detach() for p in module.parameters()])
+                self._broadcast_coalesced(self._module_buffers)
 
         self._specs = [TensorSpec.of(p) for p in self._params]
         n = len(self._params)
@@ -666,6 +686,36 @@ def _remove_hooks(handles, module_ref) -> None:
     module = module_ref()
     if module is not None:
         _OWNERS.pop(module, None)
+
+
+def _torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,
+                     param_to_hook_all_reduce, mixed_precision):
+    """torch DDP's constructor arguments: the ones that matter for a single-device module are
+    honoured or checked as torch does; the features minddp lacks are refused by name.
+    (`output_device`, `dim`, `check_reduction`, `gradient_as_bucket_view` and `static_graph`
+    change nothing here: gradients are always bucket views, buckets are rebuilt once.)"""
+    for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
+                        ("param_to_hook_all_reduce", param_to_hook_all_reduce),
+                        ("mixed_precision", mixed_precision)):
+        if value is not None:
+            raise NotImplementedError(f"minddp.DistributedDataParallel does not implement torch DDP's "
+                                      f"{name}; use torch.autocast for mixed precision, or torch DDP")
+    if device_mesh is not None:
+        if process_group is not None:
+            raise RuntimeError("pass process_group or device_mesh, not both (as torch DDP)")
+        process_group = device_mesh.get_group()
+    devices = {p.device for p in module.parameters()}
+    if device_ids is not None and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
+        raise ValueError(f"device_ids={device_ids} only works with a single-device GPU module (torch DDP's "
+                         f"rule); this module's parameters are on {sorted(map(str, devices))}: pass "
+                         "device_ids=None")
+    if device_ids is not None:
+        want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+        index = device_ids[0] if isinstance(device_ids[0], int) else want.index
+        if len(device_ids) != 1 or next(iter(devices)).index != index:
+            raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
+                             "exactly the one device it lives on (move it with .to(device) first)")
+    return process_group
 
 
 def _check_shardable(compress, algorithm, find_unused_parameters) -> None:

@@ -120,3 +120,39 @@ def test_zero1_moves_the_same_bytes_and_shards_the_states():
     plain, sharded = cm.memory_per_rank(124e6, 8), cm.memory_per_rank(124e6, 8, sharded=True)
     assert plain["optimizer_states"] == 8 * 124e6 and sharded["optimizer_states"] == 124e6
     assert sharded["total"] == plain["weights"] + plain["gradients"] + 124e6
+
+
+def _calibrate(rank, world_size, path):
+    from minddp.bench import write_calibration
+
+    rows = run_op("all_reduce", [2**k for k in range(12, 22, 3)], torch.float32, warmup=1, iters=5)
+    return write_calibration(path, rows, world_size, torch.device("cpu"))
+
+
+def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
+    path = tmp_path / "calibration.json"
+    cal_dict = multiproc.run(_calibrate, 2, str(path), timeout=180)[0]
+    cal = cm.Calibration.load(path)  # written by rank 0, read back
+    assert cal.fabric.alpha == cal_dict["alpha"] and cal.fabric.beta == cal_dict["beta"]
+    assert cal.contention >= 1.0 and cal.overhead_per_bucket_s > 0
+    a, b = cal.fabric.alpha, cal.fabric.beta
+    ring = lambda m: cm.ring_all_reduce_time(m, 2, a, b)  # noqa: E731
+    # one bucket: launched when backward ends, so no contention; plus the engine's cost
+    one = cm.predict_ddp_comm([4e6], 2, cal, backward_s=1.0)
+    assert one["busy_s"] == pytest.approx(ring(4e6) + cal.overhead_per_bucket_s)
+    # two buckets: the first runs under backward, slowed by contention, and takes CPU from it
+    two = cm.predict_ddp_comm([4e6, 1e6], 2, cal, backward_s=1.0)
+    first = ring(4e6) * cal.contention + cal.overhead_per_bucket_s
+    assert two["busy_s"] == pytest.approx(first + ring(1e6) + cal.overhead_per_bucket_s)
+    assert two["exposed_s"] == pytest.approx(ring(1e6) + cal.overhead_per_bucket_s)  # the last bucket
+    assert two["stolen_s"] == pytest.approx(first * (1 - 1 / cal.contention))
+
+
+def test_bucket_advice_charges_for_each_bucket():
+    no_cost = cm.Calibration(cm.Fabric(300e-6, 1.4e9, "x"))
+    costly = cm.Calibration(cm.Fabric(300e-6, 1.4e9, "x"), overhead_per_bucket_s=50e-6, contention=1.9)
+    # with free, uncontended buckets the smallest cap hides everything under a long backward
+    assert cm.best_bucket_mb(10.8e6, 4, 2, 300e-6, 1.4e9, 0.27, calibration=no_cost)[0] <= 1
+    # with contention on shared cores, few large buckets win (what make bench measures here)
+    assert cm.best_bucket_mb(10.8e6, 4, 2, 300e-6, 1.4e9, 0.27, calibration=costly)[0] >= 25
+    assert cm.bucket_bytes(43e6, 25, 0.43e6)[0] >= 25 * 2**20  # torch's rule: at least the cap

@@ -191,3 +191,28 @@ def _wrap_twice(rank, world_size):
 
 def test_wrapping_twice_is_an_error_and_dropped_wrapper_leaves_module_clean():
     multiproc.run(_wrap_twice, 2)
+
+
+def _torch_signature(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    base = MLP()
+    # torch's positional order: module, device_ids, output_device, dim, broadcast_buffers
+    a = minddp.DDP(copy.deepcopy(base), None, None, 0, True, bucket_cap_mb=0.001)
+    mesh = init_device_mesh("cpu", (world_size,))
+    b = minddp.DDP(copy.deepcopy(base), device_mesh=mesh, gradient_as_bucket_view=True, static_graph=True)
+    assert dist.get_process_group_ranks(b.process_group) == list(range(world_size))
+    for model in (a, b):
+        x, y = batch(0, world_size)
+        nn.functional.mse_loss(model(shard(x, rank)), shard(y, rank)).backward()
+    assert_same_params({n: p.grad for n, p in a.module.named_parameters()},
+                       {n: p.grad for n, p in b.module.named_parameters()})
+    with pytest.raises(ValueError, match="device_ids=\\[0\\] only works with a single-device GPU module"):
+        minddp.DDP(MLP(), device_ids=[0])
+    with pytest.raises(NotImplementedError, match="mixed_precision"):
+        minddp.DDP(MLP(), mixed_precision=object())
+
+
+def test_torch_ddp_constructor_arguments_are_accepted_in_torchs_order():
+    multiproc.run(_torch_signature, 2)
