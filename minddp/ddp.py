@@ -114,18 +114,8 @@ class DistributedDataParallel(nn.Module):
         shard_optimizer: bool = False,
     ):
         super().__init__()
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "minddp.DistributedDataParallel needs an initialised process group: "
-                "call minddp.init_distributed() (or torch.distributed.init_process_group) first"
-            )
-        if reduce_op not in ("avg", "sum"):
-            raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
-        if compress in ("none", "None", ""):
-            compress = None
-        if compress not in BUILTIN_HOOKS:
-            raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
-        bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+        compress = None if compress in ("none", "None", "") else compress
+        _check_arguments(reduce_op, compress, bucket_cap_mb)
         process_group = _torch_arguments(module, device_ids, process_group, device_mesh,
                                          delay_all_reduce_named_params, param_to_hook_all_reduce,
                                          mixed_precision)
@@ -168,14 +158,19 @@ class DistributedDataParallel(nn.Module):
         n = len(self._params)
         self._build_buckets(list(reversed(range(n))))
         self._rebuilt = False
+        self._attach_hooks(module)
+        self._comm_hook, self._comm_state = BUILTIN_HOOKS[compress], None
+        self._init_iteration_state(overlap)
+
+    def _attach_hooks(self, module: nn.Module) -> None:
         # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
         me = weakref.ref(self)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, me, i))
                        for i, p in enumerate(self._params)]
         self._finalizer = weakref.finalize(self, _remove_hooks, self._hooks, weakref.ref(module))
         _OWNERS[module] = me
-        self._comm_hook, self._comm_state = BUILTIN_HOOKS[compress], None
 
+    def _init_iteration_state(self, overlap: bool) -> None:
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self._expect_sync = False  # this backward must reduce
@@ -686,6 +681,19 @@ def _remove_hooks(handles, module_ref) -> None:
     module = module_ref()
     if module is not None:
         _OWNERS.pop(module, None)
+
+
+def _check_arguments(reduce_op, compress, bucket_cap_mb) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "minddp.DistributedDataParallel needs an initialised process group: "
+            "call minddp.init_distributed() (or torch.distributed.init_process_group) first"
+        )
+    if reduce_op not in ("avg", "sum"):
+        raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
+    if compress not in BUILTIN_HOOKS:
+        raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
+    bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
 
 
 def _torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,

@@ -37,7 +37,7 @@ def flops_per_token(model_cfg, num_params: int) -> float:
     return 6.0 * n
 
 
-def measured_peak_tflops(device: torch.device, seconds: float = 0.3, n: int = 512) -> float:
+def measured_peak_tflops(device: torch.device, seconds: float = 0.1, n: int = 512) -> float:
     """Matmul FLOP/s this process reaches on its own threads (the CPU's practical peak)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)

@@ -116,7 +116,7 @@ class Trainer:
         self.start = self._load_training_state(state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
-        self._window = []
+        self._window, self.skipped = [], 0
         self.faults = Faults(t, info.rank)
         self.stop = StopRequest(on_signal=lambda: debug.dump(self.run_dir, f"signal {self.stop.name}"))
         self._arm_timeout()
@@ -337,7 +337,7 @@ class Trainer:
                "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
                "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
                "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds}
-        self.skipped = getattr(self, "skipped", 0) + sum(r.skipped for r in window)
+        self.skipped += sum(r.skipped for r in window)
         if self.skipped:
             row["skipped_steps"] = self.skipped
         if self.t.check_every and step % self.t.check_every == 0:
