@@ -471,7 +471,7 @@ def _algorithms(rank, world_size):
     torch.manual_seed(0)
     base = MLP()
     native = train(minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002), STEPS, rank, world_size)
-    for algorithm in ("ring", "rs_ag", "hierarchical"):
+    for algorithm in ("ring", "rs_ag", "tree", "hierarchical"):
         model = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002, algorithm=algorithm,
                            ranks_per_node=2)
         train(model, STEPS, rank, world_size)

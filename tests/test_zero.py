@@ -104,7 +104,7 @@ def _same_model(a, b, atol=1e-5):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [3])  # 2 ranks through train.py: the checkpoint test below
 def test_train_py_with_and_without_sharding_gives_the_same_run(tmp_path, nproc):
     args = [*SMALL, "train.global_batch_size=24", "train.max_steps=5", "optim.grad_clip=0.5"]
     run_train(tmp_path / "plain", *args, nproc=nproc)
