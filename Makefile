@@ -47,6 +47,7 @@ test-fast: install
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
 bench: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp --out docs/bench_ddp.md
+	$(BIN)/python -m minddp.bench_memory --append docs/bench_ddp.md
 
 # The trainer's step against a bare torch-DDP loop and a nanoGPT-style loop; docs/bench_trainer.md
 bench-trainer: install

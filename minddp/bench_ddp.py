@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 
 import torch
@@ -66,11 +65,6 @@ def interleaved(configs, x, rounds: int, per_round: int, opts=None) -> list[floa
     return [statistics.median(row) for row in t.tolist()]
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def zero_configs(base, cap):
     """(label, model, optimizer) for the three ways to run AdamW data-parallel."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -95,21 +89,11 @@ def state_bytes(opt) -> int:
 
 
 def zero_section(base, x, args) -> list:
-    """[(label, ratio vs minddp DDP, state bytes, RSS MB added by the first step)] on rank 0's view."""
+    """[(label, step time vs minddp DDP, optimizer-state bytes)] for the three AdamW setups."""
     configs = zero_configs(base, 25.0)
-    grown = []
-    for _, model, opt in configs:
-        for _ in range(2):  # forward/backward first: the engines rebuild their buckets there
-            F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
-            opt.zero_grad()
-        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
-        before = rss_mb()
-        opt.step()  # the first optimizer step allocates the states
-        grown.append(rss_mb() - before)
-        opt.zero_grad()
     med = interleaved([(label, 25.0, m) for label, m, _ in configs], x, args.rounds, args.steps_per_round,
                       [o for _, _, o in configs])
-    return [(label, m / med[0], state_bytes(opt), g) for (label, _, opt), m, g in zip(configs, med, grown)]
+    return [(label, m / med[0], state_bytes(opt)) for (label, _, opt), m in zip(configs, med)]
 
 
 def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
@@ -177,11 +161,10 @@ def main() -> None:
                for label, cap, m in configs}
     zero = zero_section(base, x, args)
     everyone = [None] * world
-    dist.all_gather_object(everyone, [(z[2], z[3]) for z in zero])  # state bytes, RSS, per rank
+    dist.all_gather_object(everyone, [z[2] for z in zero])  # optimizer-state bytes, per rank
     cost = per_bucket_cost(base, x)
     if rank == 0:
-        zero = [(label, ratio, [e[k][0] for e in everyone], [e[k][1] for e in everyone])
-                for k, (label, ratio, _, _) in enumerate(zero)]
+        zero = [(label, ratio, [e[k] for e in everyone]) for k, (label, ratio, _) in enumerate(zero)]
         table = report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms)
         print(table, flush=True)
         if args.out:
@@ -208,12 +191,10 @@ def report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms) -
                      f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} | "
                      f"{statistics.median(ours_ms[cap]):.0f} |")
     lines += ["", "ZeRO-1 (AdamW, cap 25 MB; ratio of median step times against minddp DDP, same rounds; "
-              "optimizer state and the resident memory its first step added, per rank):", "",
-              "| configuration | step time vs minddp DDP | optimizer state per rank (MB) | "
-              "RSS added by the first optimizer step, per rank (MB) |", "|---|---|---|---|"]
-    for label, ratio, state, grown in zero:
-        lines.append(f"| {label} | {ratio:.3f} | {' / '.join(f'{b / 2**20:.1f}' for b in state)} | "
-                     f"{' / '.join(f'{g:.0f}' for g in grown)} |")
+              "optimizer state per rank; peak memory per rank: the table at the end):", "",
+              "| configuration | step time vs minddp DDP | optimizer state per rank (MB) |", "|---|---|---|"]
+    for label, ratio, state in zero:
+        lines.append(f"| {label} | {ratio:.3f} | {' / '.join(f'{b / 2**20:.1f}' for b in state)} |")
     lines += ["", "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; "
               "backward minus an unwrapped backward, per bucket):", "",
               "| engine | buckets | cost per bucket (us) |", "|---|---|---|"]
