@@ -1,6 +1,7 @@
 """The collective benchmark checks every result, and the scaling study runs end to end."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -97,3 +98,27 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path):
     for r in rows:
         assert 0 < float(r[7]) < 6 and r[9].strip(" |").endswith("%")  # final loss, mfu
     assert (sweep / "report.png").stat().st_size > 10_000  # written (its content is the table's)
+
+
+@pytest.mark.slow
+def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
+    """Smoke runs of `make bench` and `make bench-trainer` at the smallest sizes."""
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2"]
+    out = tmp_path / "bench_ddp.md"
+    # 3 rounds: torch DDP logs its rebuilt bucket sizes only after a few iterations
+    p = subprocess.run([*torchrun, "-m", "minddp.bench_ddp", "--repeats", "1", "--rounds", "3",
+                        "--steps-per-round", "1", "--n-layer", "1", "--n-embd", "96", "--caps", "0.05",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 0.05 |"))
+    ours, theirs = row.split(" | ")[1].split(" / ")
+    assert ours == theirs  # the same bucket count as torch DDP at the same cap
+    assert "minddp shard_optimizer (ZeRO-1)" in text and "cost per bucket" in text
+    out = tmp_path / "bench_trainer.md"
+    p = subprocess.run([*torchrun, "-m", "minddp.bench_trainer", "--repeats", "1", "--rounds", "1",
+                        "--steps", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")})
+    assert p.returncode == 0, p.stderr[-3000:]
+    text = out.read_text()
+    assert "| bare loop |" in text and "| nanoGPT-style loop |" in text and "`grad_norm`" in text
