@@ -42,6 +42,7 @@ def configure(buffer_size: int = 2000, run_dir=None, detail: bool = False) -> No
     if buffer_size > 0:
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(buffer_size))
         if run_dir is not None:  # where nccl's watchdog writes its own dump on a timeout
+            (Path(run_dir) / "flight_recorder").mkdir(parents=True, exist_ok=True)
             os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(run_dir) / "flight_recorder" / "rank"))
             os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if detail:
