@@ -98,6 +98,7 @@ def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
     from tests.test_launch import _env, _wait_for_step
 
     args = [*SMALL, "model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.max_steps=1000",
+            "train.global_batch_size=8",  # one micro-batch per rank: the soak is about steps
             "train.ckpt_every=100", "train.eval_every=0", "train.log_every=100", "ddp.compress=bf16"]
     ref = tmp_path / "ref"
     run_train(ref, *args, nproc=2, timeout=600)
