@@ -398,6 +398,16 @@ class Trainer:
                 "config": OmegaConf.to_container(self.cfg, resolve=True)})
             self.tracker.info(f"saved {path}")
 
+    def load(self, path) -> int:
+        """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
+        not): model, optimizer, schedule and RNG. Every rank calls it; returns its step."""
+        state = checkpoint.load(path, self.info.device)
+        self.ckpt_path = Path(path)
+        self._wait_params()
+        self._load_model(state)
+        self.start = self._load_training_state(state)
+        return self.start
+
     def _wait_params(self) -> None:
         """Under ZeRO-1 the updated parameters arrive by all-gather: read them after it lands."""
         if hasattr(self.opt, "wait_params"):
