@@ -286,13 +286,14 @@ class Trainer:
 
     def grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
-        params, mesh, clip = list(self.model.parameters()), self.mesh, self.cfg.optim.grad_clip
+        mesh, clip = self.mesh, self.cfg.optim.grad_clip
         if self.ddp.shard_optimizer:  # each rank holds its shard of the gradients
             if clip > 0:
                 return self.opt.clip_grad_norm_(clip, mesh.tp_group, mesh.tp_size)
             return self.opt.grad_norm(mesh.tp_group, mesh.tp_size)
         if mesh.tp_size == 1:  # straight from the engine's flat buffers: a kernel per bucket
             return self.ddp.clip_grad_norm_(clip) if clip > 0 else self.ddp.grad_norm()
+        params = list(self.model.parameters())
         if clip > 0:
             return tp.clip_grad_norm_(params, clip, mesh.tp_group, mesh.tp_size)
         return tp.grad_norm(params, mesh.tp_group, mesh.tp_size)

@@ -57,3 +57,25 @@ def assert_same_curves(a, b, atol=2e-5):
         assert ("val_loss" in ra) == ("val_loss" in rb)
         if "val_loss" in ra:
             assert ra["val_loss"] == pytest.approx(rb["val_loss"], abs=atol)
+
+
+def train_until_sigterm(run_dir, *overrides, rows: int, timeout: float = 120) -> str:
+    """torchrun train.py on 2 ranks; once metrics.jsonl has `rows` rows, SIGTERM the agent (as
+    Slurm does on preemption; torchrun passes it on). Returns the agent's output."""
+    import signal
+
+    from tests.test_launch import _env, _wait_for_step
+
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *overrides]
+    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_step(run_dir, rows, timeout)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    return out
+

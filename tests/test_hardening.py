@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from minddp.config import register, validate
 from minddp.errors import ConfigError
-from tests.conftest import BIN, ROOT, SMALL, final_model, metrics, run_train
+from tests.conftest import ROOT, SMALL, final_model, metrics, run_train, train_until_sigterm
 
 register()
 
@@ -92,10 +92,6 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
 @pytest.mark.slow
 def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
     import os
-    import signal
-
-    from tests.multiproc import free_port
-    from tests.test_launch import _env, _wait_for_step
 
     args = [*SMALL, "model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.max_steps=1000",
             "train.global_batch_size=8",  # one micro-batch per rank: the soak is about steps
@@ -103,17 +99,7 @@ def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
     ref = tmp_path / "ref"
     run_train(ref, *args, nproc=2, timeout=600)
     run_dir = tmp_path / "run"
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *args]
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_step(run_dir, 4, 300)  # 4 rows of 100 steps: SIGTERM after step 400
-        agent.send_signal(signal.SIGTERM)
-        out, _ = agent.communicate(timeout=120)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
+    out = train_until_sigterm(run_dir, *args, rows=4, timeout=300)  # 4 rows of 100: after step 400
     assert "stop signal" in out, out[-3000:]
     run_train(run_dir, *args, "train.resume=auto", nproc=2, timeout=600)
     a, b = final_model(run_dir), final_model(ref)

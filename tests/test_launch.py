@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, ROOT, SMALL, assert_same_curves, final_model, metrics, run_train
+from tests.conftest import (
+    BIN,
+    ROOT,
+    SMALL,
+    assert_same_curves,
+    final_model,
+    metrics,
+    run_train,
+    train_until_sigterm,
+)
 from tests.multiproc import free_port
 
 pytestmark = pytest.mark.slow
@@ -283,17 +292,7 @@ def test_sigterm_checkpoints_and_exits_cleanly_then_resume_matches(tmp_path):
     ref = tmp_path / "ref"
     run_train(ref, *LONG, nproc=2)
     run_dir = tmp_path / "run"
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *LONG]
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_step(run_dir, 8, 120)
-        agent.send_signal(signal.SIGTERM)  # what Slurm sends on preemption; torchrun passes it on
-        out, _ = agent.communicate(timeout=120)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
+    out = train_until_sigterm(run_dir, *LONG, rows=8)
     assert "stopping after step" in out and "stop signal" in out, out[-4000:]
     stopped = metrics(run_dir)[-1]["step"]
     assert stopped < 120

@@ -20,7 +20,10 @@ def test_tp2_and_dp2_x_tp2_match_one_process(tmp_path):
         assert got.keys() == want.keys()
         for k in want:  # checkpoints hold the full (unsplit) tensors
             assert got[k].shape == want[k].shape
-            assert_close(got[k], want[k], atol=3e-5, rtol=1e-4)  # Adam amplifies summation-order rounding
+            # 3e-5, not 1e-5: AdamW divides by sqrt(v), so a near-zero gradient that a split
+            # matmul rounds differently moves its weight by a fraction of lr (measured: one
+            # element of 16384, 1.27e-5, reproducibly; everything else within 1e-5)
+            assert_close(got[k], want[k], atol=3e-5, rtol=1e-4)
 
 
 def test_checkpoint_saved_at_tp2_resumes_at_tp1(tmp_path):
