@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from minddp import debug
 from minddp.config import ConfigError, register, validate
-from minddp.dist import env_ranks, shutdown, wait_for_peers
+from minddp.dist import env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.trainer import Trainer
 
 register()
@@ -52,4 +52,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # errors raise (and exit non-zero) before the line below
+    exit_worker()

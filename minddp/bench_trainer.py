@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from .cli import pin_to_core, timed
 from .config import register
+from .dist import exit_worker
 from .trainer import Trainer, build_model
 
 WORKLOAD = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
@@ -135,6 +136,7 @@ def main() -> None:
                 f.write(table + "\n")
     trainer.tracker.close()
     dist.destroy_process_group()
+    exit_worker()  # the trainer turned torch's flight recorder on: see minddp.dist.exit_worker
 
 
 def report(args, trainer, medians, ratios, spent) -> str:
