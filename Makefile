@@ -46,40 +46,40 @@ test-fast: install
 # Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
 bench: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp --out docs/bench_ddp.md
-	$(BIN)/python -m minddp.bench_memory --append docs/bench_ddp.md
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp --out docs/bench_ddp.md
+	$(BIN)/minddp bench-memory --append docs/bench_ddp.md
 
 # The trainer's step against a bare torch-DDP loop and a nanoGPT-style loop; docs/bench_trainer.md
 bench-trainer: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer --out docs/bench_trainer.md
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer --out docs/bench_trainer.md
 
 # per-collective cost of torch's flight recorder (off/on, alternately) and DETAIL fingerprints
 bench-debug: install
 	for i in 1 2 3; do for fr in 0 2000; do \
-	  TORCH_FR_BUFFER_SIZE=$$fr $(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench_debug 2>/dev/null; \
+	  TORCH_FR_BUFFER_SIZE=$$fr $(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench-debug 2>/dev/null; \
 	done; done
 
 # nccl-tests-style sweep of every collective, alpha-beta fit, memcpy reference
 bench-collectives: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench --op all -e 64MiB $(ARGS)
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all -e 64MiB $(ARGS)
 
 # alpha-beta fit, contention and the engine's per-bucket cost for the cost model: docs/calibration.json
 calibrate: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.bench --op all_reduce -e 64MiB \
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all_reduce -e 64MiB \
 	  --calibrate docs/calibration.json
 
 # every run under DIR (a multirun, a Slurm sweep, several train.py runs): DIR/report.{md,png}
 DIR ?= outputs
 report: install
-	$(BIN)/python -m minddp.report $(DIR)
+	$(BIN)/minddp report $(DIR)
 
 # one step with overlap on and off, per rank: docs/timeline.{json,png}
 timeline: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp.timeline --out docs/timeline
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
 
 # the trainer over world sizes and bucket caps: docs/scaling.{md,png}
 scaling: install
-	$(BIN)/python -m minddp.scaling $(ARGS)
+	$(BIN)/minddp scaling $(ARGS)
 
 # on a CUDA machine (< 5 min): demos, minddp == torch DDP on CUDA, 50 bf16 trainer steps with MFU,
 # the nccl collective table; one verdict per line, logs under gpu_check/ (no CUDA: says so, exits 0)

@@ -8,7 +8,7 @@ Several nodes (run on every node, same command, HEAD = the first node's address)
 Any key can be overridden: train.max_steps=50 model=mlp data=synthetic ddp.bucket_cap_mb=5
 Your own token files:        python train.py data=tokens data.dir=path/to/folder
 
-This file is the Hydra entry and the error reporting; the loop is minddp/trainer.py.
+This file is the Hydra entry and the error reporting; the loop is minddp/train/trainer.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minddp import debug
-from minddp.config import ConfigError, register, validate
 from minddp.dist import env_ranks, exit_worker, shutdown, wait_for_peers
-from minddp.trainer import Trainer
+from minddp.train import flight_recorder
+from minddp.train.config import ConfigError, register, validate
+from minddp.train.trainer import Trainer
 
 register()
 
@@ -43,8 +43,8 @@ def main(cfg: DictConfig) -> None:
         shutdown()
         sys.exit(2)
     except BaseException as e:  # everything else: this rank's own report, and the flight recorder
-        where = debug.dump(run_dir, f"{type(e).__name__}: {e}")
-        hint = f"\n[rank {rank}] flight recorder: {where}; python -m minddp.debug {run_dir}" if where else ""
+        where = flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
+        hint = f"\n[rank {rank}] flight recorder: {where}; minddp debug {run_dir}" if where else ""
         print(f"[rank {rank}] minddp: {type(e).__name__}: {e}{hint}", file=sys.stderr, flush=True)
         raise
     finally:

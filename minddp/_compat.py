@@ -57,3 +57,15 @@ def profiler_enabled() -> bool:
     """Whether a torch.profiler is recording: the engine names its bucket collectives with
     record_function only then, so they cost nothing otherwise."""
     return torch.autograd.profiler._is_profiler_enabled
+
+
+def dump_flight_recorder() -> bytes:
+    """torch's native flight recorder (TORCH_FR_BUFFER_SIZE) as the pickle its own analyser reads;
+    torch exposes the dump only through c10d's private binding."""
+    return torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+
+
+def ddp_rebuilt_bucket_sizes(model) -> str:
+    """torch DDP's bucket sizes after its rebuild, from its private logging data (the benchmark
+    compares bucket counts with minddp's)."""
+    return model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")

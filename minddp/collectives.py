@@ -10,7 +10,7 @@
 - `tree_all_reduce`: reduce up a binary tree to rank 0, then broadcast back down, from
   point-to-point messages: 2 ceil(log2 n) hops of the whole message. Fewer messages than
   the ring (log n against n), more bytes per link: it wins for small messages
-  (`python -m minddp.costmodel tree` gives the crossover).
+  (`minddp costmodel tree` gives the crossover).
 - `hierarchical_all_reduce`: reduce inside each node, all-reduce among one leader per
   node, broadcast back inside the node: the slow inter-node links carry one copy per node.
 

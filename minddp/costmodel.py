@@ -17,8 +17,8 @@ ZeRO-1 moves the same bytes as DDP's all-reduce (a reduce-scatter in backward, a
 after the step) and keeps 1/dp of the optimizer states per rank:
     memory per rank = weights + gradients + optimizer states / dp
 
-    python -m minddp.costmodel allreduce --size 512MB --n 16 --alpha-us 5 --beta-gbs 50
-    python -m minddp.costmodel ddp --params 124M --dtype bf16 --world 16 --preset ib-ndr --compute-ms 300
+    minddp costmodel allreduce --size 512MB --n 16 --alpha-us 5 --beta-gbs 50
+    minddp costmodel ddp --params 124M --dtype bf16 --world 16 --preset ib-ndr --compute-ms 300
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ PRESETS = {
     "b200-nvlink5": Fabric(3e-6, 900e9, "B200 NVLink 5 (NVSwitch): 1.8 TB/s bidirectional per GPU"),
     # GB200 NVL72: 72 GPUs in one NVLink domain, the same 1.8 TB/s per GPU to the switch tray
     "nvl72": Fabric(3e-6, 900e9, "GB200 NVL72: one NVLink 5 domain of 72 GPUs, 1.8 TB/s per GPU"),
-    # fitted by `python -m minddp.bench` (2 gloo ranks on this 2-core VM, all_reduce 8 B-64 MiB)
+    # fitted by `minddp bench` (2 gloo ranks on this 2-core VM, all_reduce 8 B-64 MiB)
     "this-machine-gloo": Fabric(300e-6, 1.4e9, "gloo over loopback, 2 ranks on 2 cores (measured)"),
 }
 
@@ -272,16 +272,6 @@ def parse_size(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
-def _fabric(args) -> Fabric:
-    if getattr(args, "calibration", None):
-        return Calibration.load(args.calibration).fabric
-    if args.preset:
-        return PRESETS[args.preset]
-    if args.alpha_us is None or args.beta_gbs is None:
-        raise SystemExit("give --preset, or both --alpha-us and --beta-gbs")
-    return Fabric(args.alpha_us * 1e-6, args.beta_gbs * 1e9, "given")
-
-
 def explain_all_reduce(nbytes: float, n: int, alpha: float, beta: float) -> str:
     lat = 2 * (n - 1) * alpha
     bw = 2 * (n - 1) / n * nbytes / beta
@@ -339,69 +329,3 @@ def explain_zero(n_params: float, bpp: int, bucket_mb: float, world: int, fab: F
             f"  ZeRO-1 reduce-scatter {z['reduce_scatter_s'] * 1e3:.3f} ms + all-gather "
             f"{z['all_gather_s'] * 1e3:.3f} ms (the same bytes); memory per rank {gb(m_zero['total'])} = "
             f"weights + gradients + states/{world} ({gb(m_zero['optimizer_states'])})")
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.costmodel", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    hier = sub.add_parser("hier", help="inter-node bytes: flat ring against hierarchical")
-    hier.add_argument("--nodes", type=int, required=True)
-    hier.add_argument("--per-node", type=int, required=True)
-    hier.add_argument("--size", type=parse_size, required=True)
-    for name in ("allreduce", "ddp", "zero", "tree"):
-        p = sub.add_parser(name)
-        p.add_argument("--preset", choices=sorted(PRESETS))
-        p.add_argument("--calibration", metavar="FILE", help="JSON from `make calibrate` (minddp.bench)")
-        p.add_argument("--alpha-us", type=float)
-        p.add_argument("--beta-gbs", type=float)
-        if name == "allreduce":
-            p.add_argument("--size", type=parse_size, required=True)
-            p.add_argument("--n", type=int, required=True)
-        elif name == "tree":
-            p.add_argument("--n", type=int, required=True)
-        else:
-            p.add_argument("--params", type=parse_size, required=True)
-            p.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_BYTES))
-            p.add_argument("--world", type=int, required=True)
-            p.add_argument("--bucket-mb", type=float, default=25.0)
-            p.add_argument("--compute-ms", type=float, help="measured forward+backward time per step")
-    sub.add_parser("presets")
-    args = ap.parse_args(argv)
-    if args.cmd == "hier":
-        print(explain_hierarchical(args.size, args.nodes, args.per_node))
-        return
-    if args.cmd == "presets":
-        for k, f in PRESETS.items():
-            print(f"{k:18s} alpha {f.alpha * 1e6:7.1f} us  beta {f.beta / 1e9:7.1f} GB/s  {f.note}")
-        return
-    fab = _fabric(args)
-    if args.cmd == "allreduce":
-        print(explain_all_reduce(args.size, args.n, fab.alpha, fab.beta))
-        return
-    if args.cmd == "tree":
-        print(explain_tree(args.n, fab))
-        return
-    if args.cmd == "zero":
-        print(explain_zero(args.params, DTYPE_BYTES[args.dtype], args.bucket_mb, args.world, fab))
-        return
-    bpp = DTYPE_BYTES[args.dtype]
-    c = ddp_comm_time(args.params, bpp, args.bucket_mb, args.world, fab.alpha, fab.beta)
-    print(f"DDP gradients: {args.params / 1e6:g}M params x {bpp} B = {c['bytes'] / 1e6:.1f} MB in "
-          f"{c['buckets']} buckets (cap {args.bucket_mb:g} MB) over {args.world} ranks")
-    print(f"  latency {c['latency_s'] * 1e3:.3f} ms + bandwidth {c['bandwidth_s'] * 1e3:.3f} ms "
-          f"= {c['total_s'] * 1e3:.3f} ms per step")
-    if args.compute_ms is not None:
-        bwd = args.compute_ms * 1e-3 * 2 / 3  # backward is about 2/3 of forward+backward
-        exp = exposed_comm(c, bwd)
-        bound = "communication" if c["total_s"] > bwd else "compute"
-        cal = Calibration.load(args.calibration) if args.calibration else None
-        cap, best = best_bucket_mb(args.params, bpp, args.world, fab.alpha, fab.beta, bwd, calibration=cal)
-        print(f"  backward ~{bwd * 1e3:.1f} ms: {bound}-bound; exposed communication "
-              f"{exp * 1e3:.3f} ms with overlap ({exp / (args.compute_ms * 1e-3 + exp):.1%} of the step)")
-        print(f"  bucket size that adds the least to the step: {cap:g} MB ({best * 1e3:.3f} ms exposed or "
-              "taken from backward)")
-
-
-if __name__ == "__main__":
-    main()

@@ -96,7 +96,7 @@ def check_trainer(gpus: int, out: Path) -> bool:
 
 
 def check_bench(gpus: int, out: Path) -> bool:
-    cmd = torchrun(gpus, "-m", "minddp.bench", "--backend", "nccl",
+    cmd = torchrun(gpus, "-m", "minddp", "bench", "--backend", "nccl",
                    "--op", "all_reduce,all_gather,reduce_scatter", "-b", "8", "-e", "256MiB", "-f", "4",
                    "--csv", str(out / "bench.csv"))
     ok, t = run("bench", cmd, out, 180)

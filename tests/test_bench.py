@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from minddp.bench import OPS, fit_alpha_beta, run_op
 from minddp.costmodel import busbw_factor
+from minddp.tools.bench import OPS, fit_alpha_beta, run_op
 from tests import multiproc
 from tests.conftest import BIN, ROOT
 
@@ -33,7 +33,7 @@ def test_every_op_is_checked_and_correct(world_size):
 
 
 def test_wrong_results_are_counted():
-    from minddp import bench
+    from minddp.tools import bench
 
     def _broken(rank, world_size):
         count, fn, check = bench._setup("all_reduce", 64, torch.float32, world_size, rank)
@@ -50,7 +50,7 @@ def test_wrong_results_are_counted():
 
 @pytest.mark.slow
 def test_cli_under_torchrun_writes_json(tmp_path):
-    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "minddp.bench",
+    p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "minddp", "bench",
                         "-b", "1K", "-e", "64K", "-f", "8", "--op", "all_reduce,all_to_all",
                         "--json", str(tmp_path / "out.json")], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
@@ -63,7 +63,7 @@ def test_cli_under_torchrun_writes_json(tmp_path):
 @pytest.mark.slow
 def test_scaling_study_smoke(tmp_path):
     out = tmp_path / "scaling"
-    p = subprocess.run([sys.executable, "-m", "minddp.scaling", "--worlds", "1,2", "--caps", "25",
+    p = subprocess.run([sys.executable, "-m", "minddp", "scaling", "--worlds", "1,2", "--caps", "25",
                         "--steps", "4", "--warmup", "1", "--out", str(out), "data=synthetic",
                         "model.n_layer=1", "wandb.mode=disabled"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
@@ -84,7 +84,7 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path):
     for nproc, cap in ((1, 0.01), (2, 0.01), (2, 25)):
         run_train(sweep / f"ws{nproc}-cap{cap}", *SMALL, "train.max_steps=3", f"ddp.bucket_cap_mb={cap}",
                   nproc=nproc)
-    p = subprocess.run([sys.executable, "-m", "minddp.report", str(sweep)], cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "minddp", "report", str(sweep)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = (sweep / "report.md").read_text()
@@ -106,7 +106,7 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2"]
     out = tmp_path / "bench_ddp.md"
     # 3 rounds: torch DDP logs its rebuilt bucket sizes only after a few iterations
-    p = subprocess.run([*torchrun, "-m", "minddp.bench_ddp", "--repeats", "1", "--rounds", "3",
+    p = subprocess.run([*torchrun, "-m", "minddp", "bench-ddp", "--repeats", "1", "--rounds", "3",
                         "--steps-per-round", "1", "--n-layer", "1", "--n-embd", "96", "--caps", "0.05",
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -116,7 +116,7 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     assert ours == theirs  # the same bucket count as torch DDP at the same cap
     assert "minddp shard_optimizer (ZeRO-1)" in text and "cost per bucket" in text
     out = tmp_path / "bench_trainer.md"
-    p = subprocess.run([*torchrun, "-m", "minddp.bench_trainer", "--repeats", "1", "--rounds", "1",
+    p = subprocess.run([*torchrun, "-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1",
                         "--steps", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr[-3000:]

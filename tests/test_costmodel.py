@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from minddp import costmodel as cm
-from minddp.bench import fit_alpha_beta, run_op
+from minddp.tools import costmodel as costmodel_cli
+from minddp.tools.bench import fit_alpha_beta, run_op
 from tests import multiproc
 
 
@@ -55,7 +56,7 @@ def test_parse_size():
 
 
 def test_cli_answers_the_question(capsys):
-    cm.main(["allreduce", "--size", "512MB", "--n", "16", "--alpha-us", "5", "--beta-gbs", "50"])
+    costmodel_cli.main(["allreduce", "--size", "512MB", "--n", "16", "--alpha-us", "5", "--beta-gbs", "50"])
     out = capsys.readouterr().out
     assert "0.1500 ms" in out and "19.2000 ms" in out and "bandwidth-dominated" in out
 
@@ -123,7 +124,7 @@ def test_zero1_moves_the_same_bytes_and_shards_the_states():
 
 
 def _calibrate(rank, world_size, path):
-    from minddp.bench import write_calibration
+    from minddp.tools.bench import write_calibration
 
     rows = run_op("all_reduce", [2**k for k in range(12, 22, 3)], torch.float32, warmup=1, iters=5)
     return write_calibration(path, rows, world_size, torch.device("cpu"))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 import minddp
-from minddp.model import GPT, GPTConfig
+from minddp.train.model import GPT, GPTConfig
 from tests import multiproc
 from tests.test_ddp import MLP, assert_same_params, batch, params_of, shard
 

@@ -11,16 +11,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp import checkpoint, consistency, debug
 from minddp.dist import env_ranks
 from minddp.errors import ConfigError
+from minddp.train import checkpoint, consistency, flight_recorder
 from tests import multiproc
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train
 
 
 # ------------------------------------------- fingerprints (torch's DETAIL mode)
 def _mismatch(rank, world_size):
-    debug.enable_fingerprints()
+    flight_recorder.enable_fingerprints()
     checked = dist.new_group(timeout=timedelta(seconds=20))  # groups created from now on are checked
     dist.all_reduce(torch.ones(2), group=checked)  # #1 agrees
     if rank == 0:
@@ -38,26 +38,26 @@ def test_collective_mismatch_names_ranks_and_both_calls():
 
 def test_minddp_never_patches_torch_distributed(tmp_path):
     originals = {n: getattr(dist, n) for n in ("all_reduce", "broadcast", "barrier", "all_gather")}
-    debug.configure(100, tmp_path)
+    flight_recorder.configure(100, tmp_path)
     assert all(getattr(dist, n) is f for n, f in originals.items())
 
 
 # ------------------------------------------------- torch's flight recorder
 def _hang(rank, world_size, run_dir):
     short = dist.new_group(timeout=timedelta(seconds=2))
-    debug.register_groups(short)
-    debug.set_context(step=7, phase="test")
+    flight_recorder.register_groups(short)
+    flight_recorder.set_context(step=7, phase="test")
     try:
         for _ in range(3):
             dist.all_reduce(torch.ones(3), group=short)
         if rank == 0:
             dist.all_reduce(torch.ones(5), group=short)  # rank 1 never comes: times out
     except RuntimeError as e:
-        debug.dump(run_dir, f"{type(e).__name__}: {e}")
+        flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
         return "timed out"
     finally:
         if rank == 1:
-            debug.dump(run_dir, "moved on")
+            flight_recorder.dump(run_dir, "moved on")
     return "done"
 
 
@@ -65,7 +65,7 @@ def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path, monkeypat
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")  # the forked ranks start torch's recorder
     assert multiproc.run(_hang, 2, str(tmp_path), timeout=60) == ["timed out", "done"]
     assert {p.name for p in (tmp_path / "flight_recorder").iterdir()} == {"rank0", "rank1"}
-    out = subprocess.run([sys.executable, "-m", "minddp.debug", str(tmp_path)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "minddp", "debug", str(tmp_path)], capture_output=True,
                          text=True, check=True).stdout
     assert "ranks [0] are in #4 all_reduce(float32, shape [5]); ranks [1] never called it" in out, out
     assert "rank 1: last #3 all_reduce(float32, shape [3]): never called #4, which ranks [0] are waiting in" \

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minddp import cli
 from minddp.dist import backend_for, pick_device
+from minddp.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,9 @@ def test_timing_strategy_matches_the_backend():
 
 
 TOOLS = [*sorted((ROOT / "minddp" / "demos").glob("*.py")),
-         *[ROOT / "minddp" / f"{m}.py" for m in ("bench", "bench_ddp", "bench_trainer", "bench_debug",
-                                                  "timeline", "scaling", "trainer")]]
+         *[ROOT / "minddp" / "tools" / f"{m}.py" for m in ("bench", "bench_ddp", "bench_trainer",
+                                                            "bench_debug", "timeline", "scaling")],
+         ROOT / "minddp" / "train" / "trainer.py"]
 
 
 @pytest.mark.parametrize("path", TOOLS, ids=lambda p: p.name)
@@ -46,7 +47,7 @@ def test_no_tool_hard_codes_the_backend_or_the_cpu(path):
     """Every demo and tool starts through init_distributed (device from LOCAL_RANK, backend
     from the device) and allocates on that device; CPU-only lines carry a reason."""
     src = path.read_text()
-    assert "init_process_group(" not in src, f"{path.name}: start through minddp.cli.start / init_distributed"
+    assert "init_process_group(" not in src, f"{path.name}: start through cli.start / init_distributed"
     for line in src.splitlines():
         hard = (r"""device\s*=\s*["']cpu["']|torch\.device\(\s*["']cpu["']|"""
                 r"""backend\s*=\s*["']gloo["']|start\(["']gloo""")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from minddp.config import register, validate
 from minddp.errors import ConfigError
+from minddp.train.config import register, validate
 from tests.conftest import ROOT, SMALL, final_model, metrics, run_train, train_until_sigterm
 
 register()
@@ -79,7 +79,7 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
     assert p.returncode != 0
     assert elapsed < 45, elapsed  # start-up + 2 steps + the 7 s stall, not a hang
     assert "[rank 0] minddp: RuntimeError" in p.stderr and "Timed out" in p.stderr, p.stderr[-3000:]
-    out = subprocess.run([sys.executable, "-m", "minddp.debug", str(run_dir)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "minddp", "debug", str(run_dir)], capture_output=True,
                          text=True, check=True).stdout
     assert "ranks [1] never called it" in out, out
     # the step's agreement all-reduce: loss, non-finite, stop, and one memory slot per rank
@@ -116,7 +116,7 @@ def test_trainer_api_in_process_save_and_load_round_trip(tmp_path, monkeypatch):
 
     import torch.distributed as dist
 
-    from minddp.trainer import Trainer
+    from minddp.train.trainer import Trainer
 
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(key, raising=False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from minddp import data
 from minddp.errors import ConfigError
+from minddp.train import data
 from tests.conftest import SMALL, assert_same_curves, metrics, run_train
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
@@ -170,7 +170,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
     (corpus / "img.bin").write_bytes(b"\0\1\2" * 100)  # binaries in a folder are skipped
     for tok in ("bytes", "bpe"):
         out = tmp_path / f"data-{tok}"
-        p = subprocess.run([sys.executable, "-m", "minddp.prepare", str(corpus), "--out", str(out),
+        p = subprocess.run([sys.executable, "-m", "minddp", "prepare", str(corpus), "--out", str(out),
                             "--tokenizer", tok, "--vocab-size", "300", "--val-fraction", "0.1"],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
@@ -180,7 +180,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         run = tmp_path / f"run-{tok}"
         run_train(run, *TOK, "data=tokens", f"data.dir={out}", "train.max_steps=30", "optim.lr=3e-3",
                   "train.eval_every=0")
-        s = subprocess.run([sys.executable, "-m", "minddp.sample", str(run), "--prompt", "the quick",
+        s = subprocess.run([sys.executable, "-m", "minddp", "sample", str(run), "--prompt", "the quick",
                             "--tokens", "20", "--temperature", "0"],
                            capture_output=True, text=True, timeout=120)
         assert s.returncode == 0, s.stderr[-2000:]
@@ -194,13 +194,13 @@ def test_prepare_train_sample_end_to_end(tmp_path):
 def test_prepare_bad_input_is_a_clear_error(tmp_path, setup, message):
     f = tmp_path / "in.txt"
     setup(f)
-    p = subprocess.run([sys.executable, "-m", "minddp.prepare", str(f), "--out", str(tmp_path / "o")],
+    p = subprocess.run([sys.executable, "-m", "minddp", "prepare", str(f), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and message in p.stderr, p.stderr
 
 
 def test_prepare_refuses_a_vocabulary_that_fits_no_dtype(tmp_path):
-    from minddp.prepare import PrepareError, dtype_for
+    from minddp.tools.prepare import PrepareError, dtype_for
 
     with pytest.raises(PrepareError, match="does not fit uint32"):
         dtype_for(2**33)

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minddp import debug
+from minddp.train import flight_recorder
 
 from .common import print_table
 
@@ -23,7 +23,7 @@ TIMEOUT_S = 3
 def run() -> None:
     r = dist.get_rank()
     level = dist.get_debug_level()
-    debug.enable_fingerprints()
+    flight_recorder.enable_fingerprints()
     checked = dist.new_group(timeout=timedelta(seconds=30))  # groups created now are checked
     dist.set_debug_level(level)
     fingerprint_error = ""

@@ -1,6 +1,6 @@
 """Engine benchmark: minddp vs torch DDP at the same bucket caps, and the per-bucket cost.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp.bench_ddp [--repeats 3] [--out docs/bench_ddp.md]
+    torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp [--repeats 3] [--out docs/bench_ddp.md]
 
 1. Step time. Every configuration wraps its own copy of the same GPT. Each rank is pinned to
    its own core. A repeat runs `--rounds` rounds; a round runs `--steps-per-round` steps of
@@ -27,10 +27,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.nn import functional as F
 
+from .. import _compat
+from ..ddp import DistributedDataParallel
+from ..train.model import GPT, GPTConfig, num_params
+from ..zero import ShardedOptimizer
 from .cli import start, timed
-from .ddp import DistributedDataParallel
-from .model import GPT, GPTConfig, num_params
-from .zero import ShardedOptimizer
 
 
 def step(model, opt, x) -> float:
@@ -44,7 +45,7 @@ def step(model, opt, x) -> float:
 
 def torch_buckets(model) -> int:
     """torch DDP's bucket count after its rebuild (from its logging data)."""
-    sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+    sizes = _compat.ddp_rebuilt_bucket_sizes(model)
     return len(sizes.split(",")) if sizes else -1
 
 
@@ -170,7 +171,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 f.write("Command: `make bench` (`torchrun --standalone --nproc_per_node=2 "
-                        "-m minddp.bench_ddp`)\n\n" + table + "\n")
+                        "-m minddp bench-ddp`)\n\n" + table + "\n")
     dist.destroy_process_group()
 
 

@@ -1,11 +1,11 @@
-"""Text to token files: `python -m minddp.prepare INPUT --out DIR`.
+"""Text to token files: `minddp prepare INPUT --out DIR`.
 
-    python -m minddp.prepare corpus.txt --out data/mine                      # bytes (vocab 256)
-    python -m minddp.prepare texts/ --out data/mine --tokenizer bpe --vocab-size 4096
+    minddp prepare corpus.txt --out data/mine                      # bytes (vocab 256)
+    minddp prepare texts/ --out data/mine --tokenizer bpe --vocab-size 4096
 
 INPUT is a text file or a folder of them. Writes nanoGPT's layout, which `data=tokens
 data.dir=DIR` trains on: headerless `train.bin` and `val.bin` (uint16 ids, uint32 past
-65536), `meta.pkl` with `vocab_size`, and `tokenizer.json` for `python -m minddp.sample`.
+65536), `meta.pkl` with `vocab_size`, and `tokenizer.json` for `minddp sample`.
 `bpe` trains a byte-level BPE tokenizer with Hugging Face `tokenizers` on INPUT, offline.
 Both passes stream the input, so a corpus larger than memory works; the last
 --val-fraction of the bytes goes to val.bin.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .data import corpus_files
+from ..train.data import corpus_files
 
 BYTES_TOKENIZER = {"type": "bytes", "vocab_size": 256}  # minddp's marker: ids are the raw bytes
 _CHUNK_LINES = 2000
@@ -142,7 +142,7 @@ def prepare(input_path, out, tokenizer: str = "bytes", vocab_size: int = 4096,
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.prepare", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp prepare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("input")
     ap.add_argument("--out", required=True)
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     try:
         info = prepare(args.input, args.out, args.tokenizer, args.vocab_size, args.val_fraction)
     except PrepareError as e:
-        raise SystemExit(f"minddp.prepare: error: {e}") from None
+        raise SystemExit(f"minddp.tools.prepare: error: {e}") from None
     print(f"wrote {args.out}: {info['train']} train and {info['val']} val tokens, "
           f"vocab {info['vocab_size']}; train with: python train.py data=tokens data.dir={args.out}")
 

@@ -1,6 +1,6 @@
 """What the never-hang machinery costs per collective: `make bench-debug`.
 
-    TORCH_FR_BUFFER_SIZE=2000 torchrun --standalone --nproc_per_node=2 -m minddp.bench_debug
+    TORCH_FR_BUFFER_SIZE=2000 torchrun --standalone --nproc_per_node=2 -m minddp bench-debug
 
 Times `--iters` 1 KB all-reduces on a plain group and on a group created under
 TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's collective fingerprints), interleaved in blocks of

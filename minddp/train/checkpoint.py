@@ -10,7 +10,6 @@ pickle, and one from someone else must not run code on this machine.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import re
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .atomic import atomic_open
 
 log = logging.getLogger("minddp")
 
@@ -41,32 +41,14 @@ def checkpoint_dir(run_dir) -> Path:
 def save(run_dir, step: int, state: dict) -> Path:
     d = checkpoint_dir(run_dir)
     final = d / f"ckpt_{step:08d}.pt"
-    tmp = d / f".ckpt_{step:08d}.pt.tmp{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with atomic_open(final) as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)  # atomic on POSIX
-        _fsync_dir(d)  # the rename itself reaches the disk
     except OSError as e:  # disk full, quota, read-only: the previous checkpoint stays intact
-        tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(
             e.errno, f"could not write checkpoint {final} ({e.strerror or e}); the previous checkpoint "
             f"is intact. Free space in {d} or change the run dir, then resume with train.resume=auto") from e
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return final
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def all_checkpoints(run_dir) -> list[Path]:

@@ -1,8 +1,8 @@
-"""Collect every run under a folder into one table and one plot: `python -m minddp.report DIR`.
+"""Collect every run under a folder into one table and one plot: `minddp report DIR`.
 
-    python -m minddp.report multirun/2026-11-30/12-00-00      # a Hydra multirun
-    python -m minddp.report outputs/sweep-4242                 # a Slurm sweep array
-    python -m minddp.report outputs                            # any train.py runs
+    minddp report multirun/2026-11-30/12-00-00      # a Hydra multirun
+    minddp report outputs/sweep-4242                 # a Slurm sweep array
+    minddp report outputs                            # any train.py runs
 
 A run is a folder with a `metrics.jsonl`; its `run.json` (written by rank 0 at start-up)
 gives the world size and the resolved config (`.hydra/config.yaml` is the fallback). Rows
@@ -110,7 +110,7 @@ def report(folder, out=None) -> str:
     folder = Path(folder)
     runs = [r for p in sorted(folder.rglob("metrics.jsonl")) if (r := load_run(p.parent))]
     if not runs:
-        raise SystemExit(f"minddp.report: no run (a folder with metrics.jsonl) under {folder}")
+        raise SystemExit(f"minddp.tools.report: no run (a folder with metrics.jsonl) under {folder}")
     swept = swept_keys(runs)
     runs.sort(key=lambda r: [json.dumps(r["keys"].get(k), sort_keys=True) for k in swept])
     add_efficiency(runs, swept)
@@ -124,7 +124,7 @@ def report(folder, out=None) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder")
     ap.add_argument("--out", help="output prefix (default FOLDER/report -> report.md, report.png)")

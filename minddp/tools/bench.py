@@ -1,8 +1,8 @@
 """Collective benchmark in the style of NVIDIA's nccl-tests, plus an alpha-beta fit.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp.bench -b 8 -e 64M -f 4 --op all_reduce
-    torchrun ... -m minddp.bench --op all          # every op, one table each
-    torchrun ... -m minddp.bench --op ring_all_reduce --csv out.csv --json out.json
+    torchrun --standalone --nproc_per_node=2 -m minddp bench -b 8 -e 64M -f 4 --op all_reduce
+    torchrun ... -m minddp bench --op all          # every op, one table each
+    torchrun ... -m minddp bench --op ring_all_reduce --csv out.csv --json out.json
 
 Columns as nccl-tests: size (bytes), count (elements), type, time (us: the median of the
 timed iterations on the slowest rank; nccl-tests takes the mean, which one stall on a
@@ -15,8 +15,8 @@ Then t = ca*alpha + cb*size/beta (the op's own cost coefficients) is fitted by l
 squares, and the machine's memory-copy bandwidth is printed as the physical reference.
 
 `--calibrate FILE` (make calibrate) also measures what the DDP cost model needs beyond
-alpha and beta, and writes all of it as JSON for `python -m minddp.costmodel --calibration`
-and `python -m minddp.scaling`:
+alpha and beta, and writes all of it as JSON for `minddp costmodel --calibration`
+and `minddp scaling`:
 - contention: a 4 MB all-reduce timed alone and while this rank runs matmuls (as it does
   during backward); where communication shares cores with compute, the ratio is > 1;
 - the engine's CPU cost per bucket (launch, hooks, wait), with communication stubbed out.
@@ -31,9 +31,9 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from . import collectives as C
+from .. import collectives as C
+from ..costmodel import busbw_factor, coefficients, parse_size
 from .cli import start, timed
-from .costmodel import busbw_factor, coefficients, parse_size
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
        "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce"]
@@ -167,8 +167,8 @@ def contention_factor(device, nbytes: int = 4 * 2**20, reps: int = 8) -> dict:
 
 def engine_overhead_per_bucket(device) -> float:
     """Seconds of the engine's own CPU work per bucket, communication stubbed out."""
+    from ..train.model import GPT, GPTConfig
     from .bench_ddp import per_bucket_cost
-    from .model import GPT, GPTConfig
 
     torch.manual_seed(0)
     base = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32)).to(device)
@@ -188,7 +188,7 @@ def write_calibration(path, rows, n, device) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
     ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64MiB"))

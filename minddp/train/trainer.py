@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import resource
 import time
 from dataclasses import dataclass
@@ -27,19 +26,21 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
-from . import _compat, checkpoint, consistency, debug, flops, timeline
-from . import tensor_parallel as tp
+from .. import _compat
+from .. import tensor_parallel as tp
+from ..ddp import DistributedDataParallel
+from ..dist import init_distributed
+from ..mesh import Mesh
+from ..zero import ShardedOptimizer
+from . import checkpoint, consistency, flight_recorder, flops, steptrace
+from .atomic import atomic_write
 from .config import validate
 from .data import ShardedBatches, build_datasets, collate, vocab_size_of
-from .ddp import DistributedDataParallel
-from .dist import init_distributed
 from .faults import Faults
-from .mesh import Mesh
 from .model import GPT, MLP, GPTConfig, MLPConfig
 from .signals import StopRequest
 from .steptrace import StepTrace
 from .tracking import NullTracker, Tracker
-from .zero import ShardedOptimizer
 
 log = logging.getLogger("minddp")
 
@@ -94,12 +95,13 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg, t = self.cfg, self.t
-        debug.configure(t.flight_recorder, self.run_dir, detail=cfg.ddp.debug or debug.env_detail())
+        detail = cfg.ddp.debug or flight_recorder.env_detail()
+        flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
         self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
         derived = validate(cfg, info.world_size)
         self.dims, self.accum = derived["dims"], derived["accum"]
         self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
-        debug.register_groups(None, mesh.dp_group, mesh.tp_group)
+        flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
         if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
             quiet_logging()
         self.vocab_size = vocab_size_of(cfg.data, cfg.model.vocab_size)
@@ -118,7 +120,8 @@ class Trainer:
         self.tracker = self._make_tracker()
         self._window, self.skipped = [], 0
         self.faults = Faults(t, info.rank)
-        self.stop = StopRequest(on_signal=lambda: debug.dump(self.run_dir, f"signal {self.stop.name}"))
+        dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
+        self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
 
     def _build_model(self) -> torch.nn.Module:
@@ -158,7 +161,7 @@ class Trainer:
         name = run_name(cfg, info.world_size, self.dims)
         config = OmegaConf.to_container(cfg, resolve=True)
         tracker = Tracker(self.run_dir, config, cfg.wandb, name, t.max_steps, self.start, t.log_every)
-        write_run_info(self.run_dir, {  # what minddp.report needs to compare runs
+        write_run_info(self.run_dir, {  # what minddp.tools.report needs to compare runs
             "world_size": info.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "backend": info.backend,
             "device": info.device.type, "num_params": self.num_params, "accumulation": self.accum,
             "peak_tflops_job": self.job_peak_tflops, "config": config})
@@ -242,13 +245,13 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         """Forward and backward over this rank's micro-batches, then the optimizer step."""
-        debug.set_context(step=step, phase="forward/backward")
+        flight_recorder.set_context(step=step, phase="forward/backward")
         tracer = StepTrace(self.ddp) if step == self.t.trace_step else None
         if tracer:
             tracer.start()
         loss_sum = self.forward_backward(self.batches.get(step - 1), tracer)
         self.faults.after_backward(step, self.model, loss_sum)
-        debug.set_context(phase="optimizer")
+        flight_recorder.set_context(phase="optimizer")
         norm = self.grad_norm()
         loss, stop, skip = self.agree(loss_sum, norm)
         if skip:
@@ -351,9 +354,9 @@ class Trainer:
 
     def _write_trace(self, step: int, tracer: StepTrace) -> None:
         # a collective (every rank's trace to every rank), then rank 0 writes
-        traces = {f"step {step}, overlap={self.cfg.ddp.overlap}": timeline.gather(tracer.stop())}
+        traces = {f"step {step}, overlap={self.cfg.ddp.overlap}": steptrace.gather(tracer.stop())}
         if self.info.is_main:
-            files = timeline.write(traces, f"{self.run_dir}/trace_step{step}")
+            files = steptrace.write(traces, f"{self.run_dir}/trace_step{step}")
             log.info(f"wrote {files[0]} and {files[1]}")
 
     # ------------------------------------------------------------- evaluation
@@ -363,7 +366,7 @@ class Trainer:
         if 0), for any dp size: rank r takes windows r, r+dp, ... (no padding, nothing
         counted twice); sums and counts are all-reduced. The unwrapped model is used, so
         ranks may run different numbers of batches."""
-        debug.set_context(phase="evaluate")
+        flight_recorder.set_context(phase="evaluate")
         t, mesh, dev, model = self.t, self.mesh, self.info.device, self.model
         n = len(self.val_set) if t.eval_samples <= 0 else min(len(self.val_set), t.eval_samples)
         mine = list(range(mesh.dp_rank, n, mesh.dp_size))
@@ -383,7 +386,7 @@ class Trainer:
     def save(self, step: int) -> None:
         """Collectives first, on every rank (full tensors gathered over tp, RNG states), then
         rank 0 writes atomically. Positions are global (samples seen), so any dp can resume."""
-        debug.set_context(phase="checkpoint")
+        flight_recorder.set_context(phase="checkpoint")
         self._wait_params()
         mesh = self.mesh
         model_state = tp.full_state_dict(self.model, mesh.tp_group, mesh.tp_size)
@@ -435,10 +438,7 @@ class Trainer:
 
 
 def write_run_info(run_dir: str, info: dict) -> None:
-    path = Path(run_dir) / "run.json"
-    tmp = path.with_name(f".run.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, path)
+    atomic_write(Path(run_dir) / "run.json", json.dumps(info, indent=1))
 
 
 def rng_state(device: torch.device) -> dict:

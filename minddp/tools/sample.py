@@ -1,12 +1,12 @@
-"""Generate text from a trained checkpoint: `python -m minddp.sample RUN_DIR --prompt "def "`.
+"""Generate text from a trained checkpoint: `minddp sample RUN_DIR --prompt "def "`.
 
-    python -m minddp.sample outputs/2026-11-30/12-00-00 --prompt "import " --tokens 200
-    python -m minddp.sample path/to/ckpt_00000200.pt --prompt "ROMEO:" --temperature 0.8 --top-k 40
+    minddp sample outputs/2026-11-30/12-00-00 --prompt "import " --tokens 200
+    minddp sample path/to/ckpt_00000200.pt --prompt "ROMEO:" --temperature 0.8 --top-k 40
 
 Takes a run directory (its newest checkpoint) or a checkpoint file. The model comes from
 the config saved in the checkpoint; the tokenizer from the data it trained on: raw bytes
 (data=text, or a folder prepared with --tokenizer bytes), the BPE `tokenizer.json` that
-`python -m minddp.prepare` saved beside the token files, or nanoGPT's `meta.pkl` itos/stoi.
+`minddp prepare` saved beside the token files, or nanoGPT's `meta.pkl` itos/stoi.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from . import checkpoint
-from .data import read_meta
+from ..train import checkpoint
+from ..train.data import read_meta
 
 
 class Codec:
@@ -46,7 +46,7 @@ class Codec:
                     stoi, itos = meta["stoi"], meta["itos"]
                     return cls(lambda s: [stoi[c] for c in s if c in stoi],
                                lambda ids: "".join(itos[i] for i in ids), "chars (meta.pkl)")
-                raise SystemExit(f"minddp.sample: no tokenizer.json or meta.pkl itos in {folder}: "
+                raise SystemExit(f"minddp.tools.sample: no tokenizer.json or meta.pkl itos in {folder}: "
                                  "cannot turn text into these token ids")
         return cls(lambda s: list(s.encode()),
                    lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes")
@@ -54,15 +54,15 @@ class Codec:
 
 def load(target) -> tuple[torch.nn.Module, dict]:
     """The model of a run directory's newest checkpoint (or of one checkpoint file), and its config."""
-    from .trainer import build_model
+    from ..train.trainer import build_model
 
     target = Path(target)
     path = target if target.is_file() else checkpoint.latest(target)
     if path is None:
-        raise SystemExit(f"minddp.sample: no checkpoint under {target}/checkpoints")
+        raise SystemExit(f"minddp.tools.sample: no checkpoint under {target}/checkpoints")
     state = checkpoint.load(path, "cpu")
     if "config" not in state:
-        raise SystemExit(f"minddp.sample: {path} has no saved config (written by an older minddp)")
+        raise SystemExit(f"minddp.tools.sample: {path} has no saved config (written by an older minddp)")
     cfg = state["config"]
     weights = state["model"]
     vocab = next(v.shape[0] for k, v in weights.items() if k in ("tok_emb.weight", "emb.weight"))
@@ -96,7 +96,7 @@ def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.sample", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp sample", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", help="a run directory or a checkpoint file")
     ap.add_argument("--prompt", default="\n")

@@ -1,7 +1,7 @@
 """Scaling study: the trainer over world sizes and bucket caps, same global batch, with the
 calibrated cost model's prediction beside every measurement.
 
-    python -m minddp.scaling [--worlds 1,2,4] [--caps 1,5,25,100] [--steps 16] [--out docs/scaling]
+    minddp scaling [--worlds 1,2,4] [--caps 1,5,25,100] [--steps 16] [--out docs/scaling]
 
 Each run is a real `torchrun train.py` with its own run directory under outputs/ and all of
 them in one W&B group. From each run's metrics.jsonl (steps after the warm-up) it takes the
@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..costmodel import PRESETS, Calibration, predict_ddp_comm
 from .cli import pyplot
-from .costmodel import PRESETS, Calibration, predict_ddp_comm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=128",
@@ -43,7 +43,7 @@ def run(world: int, cap: float, steps: int, group: str, out_dir: Path, extra: li
     env = {**os.environ, "MINDDP_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd + args, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode:
-        raise SystemExit(f"minddp.scaling: world {world}, cap {cap:g} failed (exit {p.returncode}):\n"
+        raise SystemExit(f"minddp.tools.scaling: world {world}, cap {cap:g} failed (exit {p.returncode}):\n"
                          f"{p.stderr[-4000:]}")
     return run_dir
 
@@ -71,7 +71,7 @@ def calibration(path: str | None, preset: str) -> Calibration:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.scaling", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="1,2,4")
     ap.add_argument("--caps", default="1,5,25,100")
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
 
 def report(args, group, cal, cores, results) -> str:
     f = cal.fabric
-    cmd = f"python -m minddp.scaling --worlds {args.worlds} --caps {args.caps}"
+    cmd = f"minddp scaling --worlds {args.worlds} --caps {args.caps}"
     lines = [f"Command: `make scaling` (`{cmd}`); "
              f"W&B group `{group}`; GPT 6 layers x 384 (10.8M parameters), global batch 8 x 128 tokens, "
              f"1 thread per rank on {cores} cores. Prediction: `costmodel.predict_ddp_comm` with "

@@ -1,6 +1,6 @@
 """Peak resident memory per rank, DDP against ZeRO-1, in separate processes (make bench).
 
-    python -m minddp.bench_memory [--append docs/bench_ddp.md]
+    minddp bench-memory [--append docs/bench_ddp.md]
 
 One process cannot separate the peaks of configurations it interleaves, so this runs
 `train.py` twice on the bench's GPT (2 ranks, 8 steps, AdamW), with and without
@@ -31,19 +31,19 @@ def peak_rss_mb(sharded: bool, nproc: int = 2) -> float:
     env = {**os.environ, "MINDDP_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode:
-        raise SystemExit(f"minddp.bench_memory: train.py failed:\n{p.stderr[-3000:]}")
+        raise SystemExit(f"minddp.tools.bench_memory: train.py failed:\n{p.stderr[-3000:]}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows[-1]["mem/peak_rss_mb"]
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m minddp.bench_memory", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp bench-memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--append", help="append the table to this markdown file")
     args = ap.parse_args(argv)
     plain, sharded = peak_rss_mb(False), peak_rss_mb(True)
     table = "\n".join([
-        "", "Peak resident memory of the largest rank (`python -m minddp.bench_memory`: `train.py`, "
+        "", "Peak resident memory of the largest rank (`minddp bench-memory`: `train.py`, "
         "same GPT, 2 ranks, 8 steps, fused AdamW; separate processes):", "",
         "| configuration | peak RSS per rank (MB) |", "|---|---|",
         f"| minddp DDP | {plain:.0f} |", f"| minddp shard_optimizer (ZeRO-1) | {sharded:.0f} |"])

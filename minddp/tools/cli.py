@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .dist import DistInfo, init_distributed
+from ..dist import DistInfo, init_distributed
 
 BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .atomic import atomic_write
+
 log = logging.getLogger("minddp")
 
 
@@ -65,9 +67,7 @@ class Tracker:
             return
         rows = [line for line in self.metrics_path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
-        tmp = self.metrics_path.with_suffix(".tmp")
-        tmp.write_text("".join(r + "\n" for r in rows))
-        os.replace(tmp, self.metrics_path)
+        atomic_write(self.metrics_path, "".join(r + "\n" for r in rows))
 
     def log(self, row: dict) -> None:
         safe = {k: _json_safe(v) for k, v in row.items()}  # NaN/inf -> null: valid JSON

@@ -1,6 +1,6 @@
 """The trainer against hand-written loops on the same work: `make bench-trainer`.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer [--rounds 6] [--out FILE]
+    torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer [--rounds 6] [--out FILE]
 
 Three loops run in the same processes, on the same GPT, the same data path and batches:
 - the trainer: `Trainer.run_step`, exactly what `train.py` runs each step (minddp engine,
@@ -27,10 +27,10 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.nn import functional as F
 
+from ..dist import exit_worker
+from ..train.config import register
+from ..train.trainer import Trainer, build_model
 from .cli import pin_to_core, timed
-from .config import register
-from .dist import exit_worker
-from .trainer import Trainer, build_model
 
 WORKLOAD = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
             "train.global_batch_size=32", "train.micro_batch_size=8", "data=text", "wandb.mode=disabled",
@@ -144,7 +144,7 @@ def report(args, trainer, medians, ratios, spent) -> str:
     lines = [
         "# The trainer against hand-written loops",
         "",
-        "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp.bench_trainer`). "
+        "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer`). "
         f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
         "global batch 32, micro-batch 8, fp32 eager, 2 gloo ranks pinned to a core each, 1 thread; "
         f"{args.repeats} repeats of {args.rounds} rotated rounds x {args.steps} steps per loop. Per repeat "

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .model import GPTConfig, MLPConfig
 
 _PROCESS_START = datetime.now()
@@ -184,7 +184,7 @@ def default_run_dir(prefix: str = "outputs") -> str:
 
 def validate(cfg, world_size: int) -> dict:
     """Checks that need the world size; returns derived values. Raises ConfigError naming the fix."""
-    from .mesh import ParallelDims
+    from ..mesh import ParallelDims
 
     try:
         dims = ParallelDims(world_size, cfg.mesh.tp)
@@ -228,7 +228,7 @@ def validate(cfg, world_size: int) -> dict:
 
 def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
-    from .comm_hooks import ALGORITHMS
+    from ..comm_hooks import ALGORITHMS
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     if d.bucket_cap_mb is not None and d.bucket_cap_mb <= 0:

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import os
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from ..errors import ConfigError
 from . import safe_pickle
-from .errors import ConfigError
+from .atomic import atomic_write
 
 LLMC_MAGIC, LLMC_HEADER_INTS = 20240520, 256
 _LLMC_DTYPES = {1: np.uint16, 2: np.uint32}
@@ -140,7 +139,7 @@ def token_files(folder, split: str) -> list[Path]:
     files = [exact] if exact.exists() else sorted(p for p in folder.glob(f"*{split}*.bin") if p.is_file())
     if not files:
         raise ConfigError(f"data.dir={str(folder)!r} has no {split}.bin and no *{split}*.bin shards "
-                          "(write them with python -m minddp.prepare, or nanoGPT's / llm.c's scripts)")
+                          "(write them with minddp prepare, or nanoGPT's / llm.c's scripts)")
     return files
 
 
@@ -233,11 +232,7 @@ def load_corpus(path: str | None, max_bytes: int, cache_dir: str) -> np.ndarray:
                 break
         if total == 0:
             raise ValueError(f"no text found under {path or stdlib_root()}")
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".corpus-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
-            out.write(b"".join(chunks))
-        os.replace(tmp, cache)
+        atomic_write(cache, b"".join(chunks))
     return open_tokens(cache, "uint8")
 
 

@@ -1,0 +1,103 @@
+"""Who is stuck where: `minddp debug <run dir>` reads every rank's flight-recorder dump.
+
+The dumps are torch's own (written by minddp.train.flight_recorder on an exception, a
+collective timeout or SIGTERM), plus minddp's context per rank (step, phase, group ranks).
+The answer names, group by group, each rank's last collective and who never called the
+one the others wait in.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..train import safe_pickle
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+
+def load_dumps(run_dir) -> tuple[dict[int, dict], dict[int, dict]]:
+    """({rank: torch's dump}, {rank: minddp's context}) from a run directory."""
+    dumps, contexts = {}, {}
+    for p in sorted((Path(run_dir) / "flight_recorder").glob("rank*")):
+        if p.name[4:].isdigit():
+            dumps[int(p.name[4:])] = safe_pickle.load(p)
+    for p in sorted((Path(run_dir) / "flight_recorder_context").glob("rank*.json")):
+        c = json.loads(p.read_text())
+        contexts[c["rank"]] = c
+    return dumps, contexts
+
+
+def describe(entry: dict) -> str:
+    op = entry["profiling_name"].split(":")[-1]
+    dtypes = ",".join(_DTYPES.get(d, d) for d in entry["input_dtypes"]) or "-"
+    shapes = entry["input_sizes"]
+    shape = shapes[0] if len(shapes) == 1 else shapes
+    return f"#{entry['collective_seq_id']} {op}({dtypes}, shape {list(shape)})"
+
+
+def _members(pg: str, dumps, contexts) -> list[int]:
+    for c in contexts.values():
+        if pg in c.get("groups", {}):
+            return c["groups"][pg]
+    if pg == "0":  # the default group: every rank
+        world = max([c["world_size"] for c in contexts.values()] + [max(dumps) + 1])
+        return list(range(world))
+    return sorted(r for r, d in dumps.items() if any(e["process_group"][0] == pg for e in d["entries"]))
+
+
+def analyze(run_dir) -> str:
+    """Who is stuck where: every rank's last collective, group by group."""
+    dumps, contexts = load_dumps(run_dir)
+    if not dumps:
+        return f"no flight recorder dumps under {run_dir}/flight_recorder"
+    lines = [f"flight recorder dumps from ranks {sorted(dumps)}"]
+    for r, c in sorted(contexts.items()):
+        lines.append(f"  rank {r}: dumped at step {c.get('step')} ({c.get('phase')}): {c['reason'][:200]}")
+    pgs = sorted({e["process_group"][0] for d in dumps.values() for e in d["entries"] if not e["is_p2p"]})
+    for pg in pgs:
+        lines += _analyze_group(pg, _members(pg, dumps, contexts), dumps)
+    return "\n".join(lines)
+
+
+def _analyze_group(pg, members, dumps) -> list[str]:
+    last = {}
+    for r, d in dumps.items():
+        mine = [e for e in d["entries"] if e["process_group"][0] == pg and not e["is_p2p"]]
+        if mine:
+            last[r] = mine[-1]
+    top = max(e["collective_seq_id"] for e in last.values())
+    waiting = sorted(r for r, e in last.items() if e["collective_seq_id"] == top)
+    behind = [r for r in members if r not in waiting]
+    lines = [f"group {members} (process group {pg}): furthest collective {describe(last[waiting[0]])}"]
+    if behind:
+        lines.append(f"  ranks {waiting} are in {describe(last[waiting[0]])}; "
+                     f"ranks {behind} never called it")
+    for r in members:
+        e = last.get(r)
+        if r not in dumps:
+            lines.append(f"  rank {r}: no dump (killed, or never started?)")
+        elif e is None:
+            lines.append(f"  rank {r}: no collective in this group")
+        elif e["collective_seq_id"] < top:
+            lines.append(f"  rank {r}: last {describe(e)}: never called #{top}, "
+                         f"which ranks {waiting} are waiting in")
+        else:
+            status = dumps[r].get("pg_status", {}).get(pg, {})
+            done = status.get("last_completed_collective", top)
+            state = " (not completed)" if isinstance(done, int) and 0 <= done < top else ""
+            lines.append(f"  rank {r}: in {describe(e)}{state}")
+    return lines
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: minddp debug <run dir>\n\n" + __doc__)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    print(analyze(argv[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Atomic file writes: a temporary file beside the target, fsync, then a rename.
+
+A crash leaves the old file or the new one, never half of one. The temporary file is
+`.<name>.<random>.tmp` in the same folder (a rename is only atomic within a file system);
+whatever a crash leaves of it is removed on the error path, or by `remove_orphans`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_open(path, mode: str = "wb"):
+    """Open a temporary file for writing; on a clean exit it replaces `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)  # the rename itself reaches the disk
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path, data: bytes | str) -> Path:
+    """Write `data` (bytes, or text as UTF-8) to `path` atomically."""
+    with atomic_open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
+
+
+def remove_orphans(folder, name_glob: str = "*") -> list[Path]:
+    """Delete the temporary files an earlier crash left for targets matching `name_glob`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    orphans = list(folder.glob(f".{name_glob}.*.tmp"))
+    for p in orphans:
+        p.unlink(missing_ok=True)
+    return orphans
+
+
+def fsync_dir(d) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

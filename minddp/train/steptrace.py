@@ -1,0 +1,104 @@
+"""The runtime half of the overlap timeline: record one step on this rank.
+
+The trainer (`train.trace_step=N`) and `minddp timeline` use it; `write` exports the
+gathered trace as Chrome/Perfetto JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .atomic import atomic_write
+
+
+class StepTrace:
+    """Collects one step on this rank: compute spans (marked by the caller) and the
+    engine's bucket events (ddp.trace), with times relative to start()."""
+
+    def __init__(self, ddp):
+        self.ddp, self.spans = ddp, []
+        self.t0 = None
+
+    def start(self) -> None:
+        self.ddp.trace = []
+        self.t0 = time.perf_counter()
+
+    def span(self, name: str, start: float, end: float) -> None:
+        self.spans.append((name, start - self.t0, end - self.t0))
+
+    def stop(self) -> dict:
+        events, self.ddp.trace = self.ddp.trace, None
+        launch = {b: t - self.t0 for e, b, t in events if e == "launch"}
+        done = {b: t - self.t0 for e, b, t in events if e == "done"}
+        marks = {e: t - self.t0 for e, b, t in events if b is None}
+        comm = [(f"bucket {b}", launch[b], done.get(b, launch[b])) for b in sorted(launch)]
+        if "backward_end" in marks and "wait_end" in marks:
+            # backward() returns after the engine's end-of-backward wait: split the span
+            end = marks["backward_end"]
+            self.spans = [(n, s, min(e, end) if n == "backward" and s <= end <= e else e)
+                          for n, s, e in self.spans]
+            self.spans.append(("exposed wait", end, marks["wait_end"]))
+        return {"compute": self.spans, "comm": comm}
+
+
+def gather(trace: dict) -> list[dict]:
+    """Every rank's trace, on every rank (a collective)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, trace)
+    return out
+
+
+def chrome_trace(per_rank: list[dict], label: str = "") -> list[dict]:
+    ev = []
+    for rank, tr in enumerate(per_rank):
+        for lane in ("compute", "comm"):
+            for name, s, e in tr[lane]:
+                ev.append({"name": name, "ph": "X", "pid": f"rank {rank}", "tid": f"{label}{lane}",
+                           "ts": s * 1e6, "dur": max(e - s, 0) * 1e6})
+    return ev
+
+
+def render(traces: dict[str, list[dict]], png: str) -> None:
+    """One panel per label (e.g. overlap on / off); per rank a compute and a comm lane."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display
+    import matplotlib.pyplot as plt
+
+    colors = {"forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B2",
+              "exposed wait": "#C44E52"}
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.6 + 1.3 * len(next(iter(traces.values())))
+                                                            * len(traces)), squeeze=False)
+    for ax, (label, per_rank) in zip(axes[:, 0], traces.items()):
+        ticks, names = [], []
+        for rank, tr in enumerate(per_rank):
+            y = rank * 3
+            for name, s, e in tr["compute"]:
+                kind = name if name == "exposed wait" else name.split()[0]
+                ax.barh(y + 1, (e - s) * 1e3, left=s * 1e3, height=0.8, color=colors.get(kind, "#999"),
+                        edgecolor="white", linewidth=0.5)
+            for i, (_name, s, e) in enumerate(tr["comm"]):
+                ax.barh(y, (e - s) * 1e3, left=s * 1e3, height=0.8, color="#DD8452" if i % 2 else "#E6A157",
+                        edgecolor="#805020", linewidth=0.5)
+            ticks += [y, y + 1]
+            names += [f"rank {rank} comm", f"rank {rank} compute"]
+        ax.set_yticks(ticks, names)
+        ax.set_title(label)
+        ax.set_xlabel("ms since the step started")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in list(colors.values()) + ["#DD8452"]]
+    fig.legend(handles, list(colors) + ["bucket all-reduce"], loc="upper right", ncol=5, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def write(traces: dict[str, list[dict]], out_prefix: str) -> tuple[str, str]:
+    Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    events = [e for label, per_rank in traces.items() for e in chrome_trace(per_rank, f"{label}: ")]
+    atomic_write(out_prefix + ".json", json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    render(traces, out_prefix + ".png")
+    return out_prefix + ".json", out_prefix + ".png"
