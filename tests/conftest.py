@@ -7,6 +7,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -22,6 +23,38 @@ BIN = Path(sys.executable).parent
 SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
          "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
          "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
+LONG = [*SMALL, "train.max_steps=120", "train.ckpt_every=5", "train.eval_every=0"]
+
+
+@pytest.fixture(autouse=True)
+def _no_subprocess_in_test_fast(request, monkeypatch):
+    """`make test-fast` (MINDDP_TEST_FAST=1) is the inner loop: a test that starts a process
+    (train.py, torchrun, a tool's CLI, a build) must be marked slow, and this says which."""
+    if os.environ.get("MINDDP_TEST_FAST") != "1":
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a subprocess ({args[0] if args else kwargs}): "
+                             "mark it @pytest.mark.slow, or call the tool's main() in-process")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def env_for(run_dir, **extra):
+    """The environment of a launched job writing to run_dir."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+            "MINDDP_RUN_DIR": str(run_dir), **extra}
+
+
+def wait_for_step(run_dir, step, timeout):
+    """Until metrics.jsonl has `step` rows (a running job got that far)."""
+    deadline = time.monotonic() + timeout
+    path = Path(run_dir) / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} in {path} after {timeout}s")
 
 
 
@@ -64,14 +97,12 @@ def train_until_sigterm(run_dir, *overrides, rows: int, timeout: float = 120) ->
     Slurm does on preemption; torchrun passes it on). Returns the agent's output."""
     import signal
 
-    from tests.test_launch import _env, _wait_for_step
-
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
            f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *overrides]
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
+    agent = subprocess.Popen(cmd, cwd=ROOT, env=env_for(run_dir), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_step(run_dir, rows, timeout)
+        wait_for_step(run_dir, rows, timeout)
         agent.send_signal(signal.SIGTERM)
         out, _ = agent.communicate(timeout=120)
     finally:

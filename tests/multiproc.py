@@ -1,4 +1,5 @@
-"""Run a function on N real gloo processes (fork: fast on CPU), surfacing every rank's error."""
+"""Run a function on N real gloo processes (fork: fast on CPU), surfacing every rank's error;
+and the engine tests' shared reference: a small MLP, seeded batches, per-rank shards."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.testing import assert_close
 
 
 def free_port() -> int:
@@ -91,3 +94,44 @@ def _run(fn, world_size, args, timeout):
                 p.kill()
                 p.join()
     return results
+
+
+# ------------------------------------------- the engine tests' model, data and comparison
+B = 4  # per-rank batch
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=8, width=32, d_out=4, depth=4):
+        super().__init__()
+        dims = [d_in] + [width] * (depth - 1) + [d_out]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.tanh(x)
+        return x
+
+
+def batch(step, world_size, d_in=8, d_out=4, dtype=torch.float32):
+    """The global batch of a step: the same on every rank, world_size * B rows."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world_size * B, d_in, generator=g, dtype=dtype)
+    y = torch.randn(world_size * B, d_out, generator=g, dtype=dtype)
+    return x, y
+
+
+def shard(t, rank):
+    return t[rank * B : (rank + 1) * B]
+
+
+def params_of(model):
+    m = getattr(model, "module", model)
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+def assert_same_params(a, b, atol=1e-6, rtol=1e-5):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert_close(a[n], b[n], atol=atol, rtol=rtol, msg=lambda m, n=n: f"{n}: {m}")

@@ -11,7 +11,7 @@ from torch import nn
 import minddp
 from minddp.train.model import GPT, GPTConfig
 from tests import multiproc
-from tests.test_ddp import MLP, assert_same_params, batch, params_of, shard
+from tests.multiproc import MLP, assert_same_params, batch, params_of, shard
 
 
 def _counting(model):

@@ -201,17 +201,16 @@ def test_killed_rank_fails_the_job_fast_naming_it_and_leaves_a_loadable_checkpoi
     import signal
     import time
 
-    from tests.conftest import BIN, ROOT
+    from tests.conftest import BIN, LONG, ROOT, env_for, wait_for_step
     from tests.multiproc import free_port
-    from tests.test_launch import LONG, _env, _wait_for_step
 
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
            f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *LONG, "train.ckpt_every=1"]
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(run_dir), stdout=subprocess.PIPE,
+    agent = subprocess.Popen(cmd, cwd=ROOT, env=env_for(run_dir), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_step(run_dir, 6, 120)
+        wait_for_step(run_dir, 6, 120)
         workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
                                  text=True).stdout.split()
         t0 = time.monotonic()

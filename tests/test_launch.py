@@ -16,19 +16,21 @@ import torch
 
 from tests.conftest import (
     BIN,
+    LONG,
     ROOT,
     SMALL,
     assert_same_curves,
+    env_for,
     final_model,
     metrics,
     run_train,
     train_until_sigterm,
+    wait_for_step,
 )
 from tests.multiproc import free_port
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=4"]
-LONG = [*SMALL, "train.max_steps=120", "train.ckpt_every=5", "train.eval_every=0"]
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +39,6 @@ def reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("ref")
     run_train(d, *ARGS)
     return metrics(d)
-
-
-def _env(run_dir, **extra):
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-            "MINDDP_RUN_DIR": str(run_dir), **extra}
 
 
 def _wait_all(procs, timeout):
@@ -63,7 +60,7 @@ def test_two_agents_on_loopback_match_single_process(tmp_path, reference):
     procs = [subprocess.Popen(
         [str(BIN / "torchrun"), "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
          f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={rdzv}", str(ROOT / "train.py"), *ARGS],
-        cwd=ROOT, env=_env(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, env=env_for(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)]
     outs = _wait_all(procs, 180)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
@@ -119,8 +116,9 @@ def test_two_hosts_across_a_veth_pair_match_single_process(tmp_path, reference, 
                # and each agent must advertise its own address, not localhost
                f"--rdzv_conf=timeout=60,is_host={int(i == 0)}", f"--local_addr={addrs[i]}",
                str(ROOT / "train.py"), *ARGS]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path / "run", GLOO_SOCKET_IFNAME=veth[i]),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = env_for(tmp_path / "run", GLOO_SOCKET_IFNAME=veth[i])
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
     outs = _wait_all(procs, 180)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
     assert_same_curves(metrics(tmp_path / "run"), reference)
@@ -228,7 +226,7 @@ def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slur
     jid = sbatch(slurm, "single_node.sbatch", *LONG,
                  sbatch_args=["--cpus-per-task=2", f"--output={tmp_path}/%x-%j.out"],
                  env={"NPROC_PER_NODE": "2", "MINDDP_RUN_DIR": str(run_dir)}, wait=False)
-    _wait_for_step(run_dir, 8, 120)
+    wait_for_step(run_dir, 8, 120)
     env = {**os.environ, **slurm}
     # what Slurm sends --signal=B:USR1@90 before the time limit
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], env=env, check=True)
@@ -243,16 +241,6 @@ def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slur
 
 
 # --------------------------------------------------- elastic and SIGTERM
-def _wait_for_step(run_dir, step, timeout):
-    deadline = time.monotonic() + timeout
-    path = Path(run_dir) / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().count("\n") >= step:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no step {step} in {path} after {timeout}s")
-
-
 def assert_same_model(a, b):
     assert a.keys() == b.keys()
     for k in a:
@@ -269,11 +257,11 @@ def test_elastic_restart_after_a_killed_worker_resumes_to_the_same_result(tmp_pa
            str(ROOT / "train.py"), *LONG, "train.resume=auto"]
     # torch 2.13's c10d rendezvous shares one TCPStore across restart rounds, so the
     # restarted workers read the dead round's addresses; opting out gives each round its own
-    env = _env(run_dir, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = env_for(run_dir, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     agent = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_step(run_dir, 12, 120)
+        wait_for_step(run_dir, 12, 120)
         workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
                                  text=True).stdout.split()
         assert len(workers) == 2, workers

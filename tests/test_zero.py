@@ -8,7 +8,7 @@ from torch import nn
 
 import minddp
 from tests import multiproc
-from tests.test_ddp import MLP, assert_same_params, batch, params_of, shard
+from tests.multiproc import MLP, assert_same_params, batch, params_of, shard
 
 
 def _groups(model):
