@@ -1,7 +1,8 @@
 """minddp: a minimal, from-scratch data-parallel training framework for PyTorch."""
 
 from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
-from .ddp import DDP, CommStats, DistributedDataParallel
+from .ddp import DDP, DistributedDataParallel
+from .observer import CommStats
 from .zero import ShardedOptimizer
 
 __all__ = [

@@ -111,9 +111,6 @@ class Bucket:
     pending: int = 0
     future: object = None
     unused: list[tuple[int, bool]] = field(default_factory=list)  # (param, grad was None)
-    t_launch: float | None = None
-    t_done: float | None = None
-    cuda_events: tuple | None = None  # (start, end) timing events, on CUDA only
 
     @property
     def grad_nbytes(self) -> int:
@@ -134,19 +131,69 @@ def make_buckets(
     an extra collective (see ddp.py). Every buffer's length is padded to a multiple of
     `pad_to` (the world size, when buckets are reduce-scattered into equal shards).
     """
-    buckets = []
-    for b, ids in enumerate(assignment):
-        offsets, numels, pos = [], [], 0
-        for i in ids:
-            offsets.append(pos)
-            numels.append(params[i].numel())
-            pos += params[i].numel()
-        extra = tail_numel if b == len(assignment) - 1 else 0
-        first = params[ids[0]]
-        length = -(-(pos + extra) // pad_to) * pad_to
-        buf = torch.zeros(length, dtype=first.dtype, device=first.device)
-        bucket = Bucket(b, list(ids), offsets, numels, buf)
-        if buf.is_cuda:
-            bucket.cuda_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        buckets.append(bucket)
-    return buckets
+    return [_make_bucket(params, b, ids, tail_numel if b == len(assignment) - 1 else 0, pad_to)
+            for b, ids in enumerate(assignment)]
+
+
+def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int) -> Bucket:
+    offsets, numels, pos = [], [], 0
+    for i in ids:
+        offsets.append(pos)
+        numels.append(params[i].numel())
+        pos += params[i].numel()
+    first = params[ids[0]]
+    length = -(-(pos + extra) // pad_to) * pad_to
+    return Bucket(b, list(ids), offsets, numels, torch.zeros(length, dtype=first.dtype, device=first.device))
+
+
+class Layout:
+    """Where every gradient lives: the engine's buckets, as a public map (ZeRO-1 reads it).
+
+    `buckets[b].buffer` is bucket b's flat gradient buffer; parameter i's gradient is
+    `views[i]`, element `offset_of(i)` onwards of bucket `bucket_of(i)`. Under sharding
+    (`shards` > 1) every buffer is padded to a multiple of `shards` and `shard_range(b)` is
+    this rank's [lo, hi) of bucket b. `version` grows by one at each rebuild;
+    `flat_params` is set by a reduction that keeps the parameters in flat buffers laid out
+    like the buckets (ZeRO-1), else None.
+
+    Building a layout moves each existing gradient into its new view, bucket by bucket: a
+    previous layout's buffer is freed once its last gradient has moved (when nothing else
+    holds it), so a rebuild never holds two full copies of the gradients.
+    """
+
+    def __init__(self, params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0,
+                 shards: int = 1, shard_index: int = 0, version: int = 1):
+        self.shards, self.shard_index, self.version = shards, shard_index, version
+        self.flat_params: list[torch.Tensor] | None = None
+        self.buckets: list[Bucket] = []
+        self.views: list[torch.Tensor | None] = [None] * len(params)
+        self._where: list[tuple[int, int] | None] = [None] * len(params)
+        for b, ids in enumerate(assignment):
+            extra = tail_numel if b == len(assignment) - 1 else 0
+            bucket = _make_bucket(params, b, ids, extra, shards)
+            for k, i in enumerate(ids):
+                p = params[i]
+                view = bucket.view(k, p.shape)
+                self.views[i], self._where[i] = view, (b, k)
+                if p.grad is not None:  # move the gradient in (its old buffer may go now)
+                    view.copy_(p.grad)
+                    p.grad = view
+            self.buckets.append(bucket)
+
+    def bucket_of(self, i: int) -> int:
+        """The bucket holding parameter i's gradient."""
+        return self._where[i][0]
+
+    def offset_of(self, i: int) -> int:
+        """Where parameter i's gradient starts in its bucket's buffer."""
+        b, k = self._where[i]
+        return self.buckets[b].offsets[k]
+
+    def shard_range(self, b: int) -> tuple[int, int]:
+        """[lo, hi) of bucket b's buffer that this rank owns (the whole buffer unsharded)."""
+        per = self.buckets[b].buffer.numel() // self.shards
+        return self.shard_index * per, (self.shard_index + 1) * per
+
+    def order(self) -> list[int]:
+        """Parameter indices in bucket order."""
+        return [i for b in self.buckets for i in b.param_ids]

@@ -25,6 +25,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from . import _compat
+
 OPS = ("sum", "avg")
 
 
@@ -162,3 +164,28 @@ def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = 
     if op == "avg":
         tensor.div_(groups.size)
     return tensor
+
+
+_BROADCAST_CHUNK_BYTES = 250 * 1024 * 1024
+
+
+@torch.no_grad()
+def broadcast_coalesced(tensors: list[torch.Tensor], group, src: int) -> None:
+    """Broadcast `tensors` in place from global rank `src`, one flat tensor per dtype/device
+    chunk of at most 250 MB (torch DDP's module-state sync)."""
+    if dist.get_world_size(group) == 1 or not tensors:
+        return
+    groups: dict[tuple, list[list[torch.Tensor]]] = {}
+    for t in tensors:
+        chunks = groups.setdefault((t.dtype, t.device), [[]])
+        if chunks[-1] and sum(x.nbytes for x in chunks[-1]) + t.nbytes > _BROADCAST_CHUNK_BYTES:
+            chunks.append([])
+        chunks[-1].append(t)
+    is_src = dist.get_rank() == src
+    for chunks in groups.values():
+        for chunk in chunks:
+            flat = _compat.flatten_dense_tensors(chunk)
+            dist.broadcast(flat, src=src, group=group)
+            if not is_src:
+                for t, v in zip(chunk, _compat.unflatten_dense_tensors(flat, chunk)):
+                    t.copy_(v)

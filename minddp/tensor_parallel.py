@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from . import gradnorm
+
 # ----------------------------------------------------------- the f / g pair
 
 
@@ -217,26 +219,18 @@ def _like_param(v) -> bool:
 
 
 def grad_norm(params, group=None, tp_size: int = 1) -> torch.Tensor:
-    """Global L2 norm of the gradients of the whole (unsplit) model: sharded gradients'
-    squares are summed over the tp group, replicated ones counted once. No host sync."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if tp_size == 1:
-        return torch.nn.utils.get_total_norm(grads)
-    sharded = [g for p, g in zip([p for p in params if p.grad is not None], grads)
-               if getattr(p, "tp_shard", None)]
-    replicated = [g for p, g in zip([p for p in params if p.grad is not None], grads)
-                  if not getattr(p, "tp_shard", None)]
-    device = grads[0].device
-    sq = lambda gs: sum((g.detach().float().square().sum() for g in gs),  # noqa: E731
-                        torch.zeros((), dtype=torch.float32, device=device))
-    sharded_sq = sq(sharded)
-    dist.all_reduce(sharded_sq, group=group)
-    return (sharded_sq + sq(replicated)).sqrt()
+    """Global L2 norm of the gradients of the whole (unsplit) model (minddp.gradnorm): sharded
+    gradients' squares are summed over the tp group, replicated ones counted once. No host sync."""
+    return gradnorm.grad_norm(**_norm_args(params, group, tp_size))
 
 
 def clip_grad_norm_(params, max_norm: float, group=None, tp_size: int = 1) -> torch.Tensor:
     """Global-norm clipping over the whole (unsplit) model; returns the norm before clipping."""
+    return gradnorm.clip_grad_norm_(max_norm=max_norm, **_norm_args(params, group, tp_size))
+
+
+def _norm_args(params, group, tp_size: int) -> dict:
     params = [p for p in params if p.grad is not None]
-    total = grad_norm(params, group, tp_size)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
+    tp = group if tp_size > 1 else None
+    return {"grads": [p.grad for p in params], "tp_group": tp,
+            "tp_sharded": [tp is not None and bool(getattr(p, "tp_shard", None)) for p in params]}

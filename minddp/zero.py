@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import _compat
+from . import _compat, gradnorm
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ShardedOptimizer:
         groups = list(params if params is not None else ddp.module.parameters())
         if not groups or not isinstance(groups[0], dict):
             groups = [{"params": groups}]
-        index = {id(p): i for i, p in enumerate(ddp._params)}
+        index = {id(p): i for i, p in enumerate(ddp.params)}
         self._group_params = []  # per group: engine parameter indices, in the user's order
         for g in groups:
             missing = [tuple(p.shape) for p in g["params"] if id(p) not in index]
@@ -74,8 +74,8 @@ class ShardedOptimizer:
     # -------------------------------------------------------------- layout
     def _slice_shards(self, groups=None) -> None:
         """(Re)cut this rank's segments: at start and once after the engine rebuilds its buckets."""
-        ddp = self.ddp
-        if self._version == ddp.layout_version:
+        layout = self.ddp.layout
+        if self._version == layout.version:
             return
         if self._version is not None and any(self.optim.state.values()):
             raise RuntimeError("the engine's bucket layout changed after the optimizer had state")
@@ -84,16 +84,16 @@ class ShardedOptimizer:
         self._segments = []
         for g in groups:
             g["params"] = []
-        for b, bucket in enumerate(ddp._buckets):
-            lo, hi = ddp.shard_range(b)
+        for b, bucket in enumerate(layout.buckets):
+            lo, hi = layout.shard_range(b)
             for k, i in enumerate(bucket.param_ids):
                 off, n = bucket.offsets[k], bucket.numels[k]
                 a, z = max(off, lo), min(off + n, hi)
                 if a < z:
-                    seg = Segment(i, b, a - off, z - off, ddp.flat_params[b][a:z], bucket.buffer[a:z])
+                    seg = Segment(i, b, a - off, z - off, layout.flat_params[b][a:z], bucket.buffer[a:z])
                     self._segments.append(seg)
                     groups[group_of[i]]["params"].append(seg.tensor)
-        self._version = ddp.layout_version
+        self._version = layout.version
 
     # ---------------------------------------------------------------- step
     @property
@@ -102,7 +102,7 @@ class ShardedOptimizer:
 
     def original_params(self) -> list[torch.Tensor]:
         """The model's parameters in the order of the unsharded optimizer's state dict."""
-        return [self.ddp._params[i] for ids in self._group_params for i in ids]
+        return [self.ddp.params[i] for ids in self._group_params for i in ids]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -116,9 +116,10 @@ class ShardedOptimizer:
         self.optim.step()
         # launched now, waited for by the next forward: the last bucket first, since it holds
         # the first layers (buckets follow backward's order), which the forward needs first
-        for b in reversed(range(len(self.ddp._buckets))):
-            lo, hi = self.ddp.shard_range(b)
-            flat = self.ddp.flat_params[b]
+        layout = self.ddp.layout
+        for b in reversed(range(len(layout.buckets))):
+            lo, hi = layout.shard_range(b)
+            flat = layout.flat_params[b]
             # in place: the input is this rank's slice of the output (NCCL's in-place layout)
             self._gathers[b] = _compat.all_gather_single(
                 flat, flat[lo:hi], group=self.ddp.process_group, async_op=True)
@@ -140,40 +141,32 @@ class ShardedOptimizer:
         def wait(mod, args):
             if not self._gathers:
                 return
-            ddp = self.ddp
-            if ddp.layout_version not in cache:
+            layout = self.ddp.layout
+            if layout.version not in cache:
                 cache.clear()
-                cache[ddp.layout_version] = sorted({ddp._where[i][0] for i, p in enumerate(ddp._params)
-                                                    if id(p) in mine})
-            for b in cache[ddp.layout_version]:
+                cache[layout.version] = sorted({layout.bucket_of(i) for i, p in enumerate(self.ddp.params)
+                                                if id(p) in mine})
+            for b in cache[layout.version]:
                 if b in self._gathers:
                     self._gathers.pop(b).wait()
         return wait
 
     # ------------------------------------------------------- gradient norm
     def grad_norm(self, tp_group=None, tp_size: int = 1) -> torch.Tensor:
-        """Global L2 norm from the shards (a sum of squares all-reduced over dp, and over tp for
-        tensor-parallel-sharded parameters); no host sync."""
-        self._slice_shards()
-        params = self.ddp._params
-        device = self.ddp.flat_params[0].device
-        sq = torch.zeros(2, dtype=torch.float32, device=device)  # [tp-sharded, replicated]
-        for s in self._segments:
-            kind = 0 if tp_size > 1 and getattr(params[s.param], "tp_shard", None) else 1
-            sq[kind] += s.grad.float().square().sum()
-        dist.all_reduce(sq, group=self.ddp.process_group)
-        if tp_size > 1:
-            sharded = sq[:1].clone()
-            dist.all_reduce(sharded, group=tp_group)
-            sq = torch.cat([sharded, sq[1:]])
-        return sq.sum().sqrt()
+        """Global L2 norm from the shards (minddp.gradnorm: squares summed over dp, and over tp
+        for tensor-parallel-sharded parameters); no host sync."""
+        return gradnorm.grad_norm(**self._norm_args(tp_group, tp_size))
 
     def clip_grad_norm_(self, max_norm: float, tp_group=None, tp_size: int = 1) -> torch.Tensor:
-        total = self.grad_norm(tp_group, tp_size)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for s in self._segments:
-            s.grad.mul_(coef.to(s.grad.dtype))
-        return total
+        return gradnorm.clip_grad_norm_(max_norm=max_norm, **self._norm_args(tp_group, tp_size))
+
+    def _norm_args(self, tp_group, tp_size: int) -> dict:
+        self._slice_shards()
+        params, tp = self.ddp.params, tp_group if tp_size > 1 else None
+        sharded = [tp is not None and bool(getattr(params[s.param], "tp_shard", None))
+                   for s in self._segments]
+        return {"grads": [s.grad for s in self._segments], "dp_group": self.ddp.process_group,
+                "tp_group": tp, "tp_sharded": sharded, "device": self.ddp.device}
 
     # ---------------------------------------------------------- checkpoints
     def state_bytes(self) -> int:
@@ -194,7 +187,7 @@ class ShardedOptimizer:
         state = {}
         if full or step is not None:
             for pos, i in enumerate(order):
-                p = ddp._params[i]
+                p = ddp.params[i]
                 state[pos] = {key: full[key][i].view_as(p).clone() for key in full}
                 if step is not None:
                     state[pos]["step"] = step.clone()
@@ -219,8 +212,8 @@ class ShardedOptimizer:
     def _gather_state(self, key: str) -> dict[int, torch.Tensor]:
         """{engine parameter index: flat full state tensor} for one state key."""
         ddp, out = self.ddp, {}
-        for b, bucket in enumerate(ddp._buckets):
-            lo, hi = ddp.shard_range(b)
+        for b, bucket in enumerate(ddp.layout.buckets):
+            lo, hi = ddp.layout.shard_range(b)
             mine = torch.zeros(hi - lo, dtype=torch.float32, device=bucket.buffer.device)
             for s in self._segments:
                 if s.bucket == b and s.tensor in self.optim.state:

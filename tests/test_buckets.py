@@ -82,7 +82,7 @@ def test_flat_buffer_views_cover_parameters_and_tail():
 
 
 def test_union_of_bucket_intervals():
-    from minddp.ddp import _union_length
+    from minddp.observer import _union_length
 
     assert _union_length([]) == 0.0
     assert _union_length([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == 3.0

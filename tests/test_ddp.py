@@ -489,7 +489,7 @@ def _avg_fallback(rank, world_size):
     torch.manual_seed(0)
     base = MLP()
     model = minddp.DDP(copy.deepcopy(base))
-    assert not model._reducer.native_avg
+    assert not model.reduction.reducer.native_avg
     train(model, STEPS, rank, world_size)
     single = train(copy.deepcopy(base), STEPS, rank, world_size, full_batch=True)
     assert_same_params(params_of(model), params_of(single))

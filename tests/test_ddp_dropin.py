@@ -118,7 +118,7 @@ def _bucket_counts(rank, world_size, cap_mb):
             model(torch.randint(0, 256, (2, 32))).float().pow(2).mean().backward()
     sizes = theirs._get_ddp_logging_data()["rebuilt_bucket_sizes"]
     torch_sizes = [int(s) for s in sizes.split(",")]
-    ours_sizes = [b.grad_nbytes for b in ours._buckets]
+    ours_sizes = [b.grad_nbytes for b in ours.layout.buckets]
     return ours_sizes, torch_sizes
 
 

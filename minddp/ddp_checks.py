@@ -1,0 +1,126 @@
+"""What DistributedDataParallel checks before it builds anything, each error naming the fix:
+its arguments (torch DDP's, in torch's meaning, and minddp's own), that every rank holds the
+same model (or the broadcasts that follow would hang), that a module has one live wrapper.
+Also the usage error of a reduce-scatter engine, which sees only its own ranks' flags."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .buckets import bucket_limits
+from .comm_hooks import BUILTIN_HOOKS
+
+# module -> weakref to the live minddp wrapper that owns its hooks (a second wrapper is an error)
+OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def check_used_here(names: list[str], ready: list[bool]) -> None:
+    here = [names[i] for i, r in enumerate(ready) if not r]
+    if here:
+        raise RuntimeError(
+            f"minddp: {len(here)} parameter(s) received no gradient on this rank: {here}. With "
+            "shard_optimizer every parameter must take part in the loss on every rank (or be frozen "
+            "with requires_grad_(False)).")
+
+
+def check_same_model(module: nn.Module, trainable: list[str], group) -> None:
+    """Every rank must hold the same tensors, or the broadcasts that follow would hang."""
+    mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
+    mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers()]
+    mine += [("requires_grad", tuple(trainable))]
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    ranks = dist.get_process_group_ranks(group)
+    ref = everyone[0]
+    for r, sig in zip(ranks[1:], everyone[1:]):
+        if sig == ref:
+            continue
+        for k in range(max(len(ref), len(sig))):
+            a = ref[k] if k < len(ref) else "nothing"
+            b = sig[k] if k < len(sig) else "nothing"
+            if a != b:
+                raise RuntimeError(
+                    "minddp.DistributedDataParallel: the model differs across ranks. "
+                    f"Entry #{k}: rank {ranks[0]} has {_describe(a)} but rank {r} has "
+                    f"{_describe(b)}. Build the same model (same config, same code path) "
+                    "on every rank before wrapping it.")
+
+
+def check_arguments(reduce_op, compress, bucket_cap_mb) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "minddp.DistributedDataParallel needs an initialised process group: "
+            "call minddp.init_distributed() (or torch.distributed.init_process_group) first"
+        )
+    if reduce_op not in ("avg", "sum"):
+        raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
+    if compress not in BUILTIN_HOOKS:
+        raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
+    bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+
+
+def torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,
+                     param_to_hook_all_reduce, mixed_precision):
+    """torch DDP's constructor arguments: the ones that matter for a single-device module are
+    honoured or checked as torch does; the features minddp lacks are refused by name.
+    (`output_device`, `dim`, `check_reduction`, `gradient_as_bucket_view` and `static_graph`
+    change nothing here: gradients are always bucket views, buckets are rebuilt once.)"""
+    for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
+                        ("param_to_hook_all_reduce", param_to_hook_all_reduce),
+                        ("mixed_precision", mixed_precision)):
+        if value is not None:
+            raise NotImplementedError(f"minddp.DistributedDataParallel does not implement torch DDP's "
+                                      f"{name}; use torch.autocast for mixed precision, or torch DDP")
+    if device_mesh is not None:
+        if process_group is not None:
+            raise RuntimeError("pass process_group or device_mesh, not both (as torch DDP)")
+        process_group = device_mesh.get_group()
+    devices = {p.device for p in module.parameters()}
+    if device_ids is not None and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
+        raise ValueError(f"device_ids={device_ids} only works with a single-device GPU module (torch DDP's "
+                         f"rule); this module's parameters are on {sorted(map(str, devices))}: pass "
+                         "device_ids=None")
+    if device_ids is not None:
+        want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+        index = device_ids[0] if isinstance(device_ids[0], int) else want.index
+        if len(device_ids) != 1 or next(iter(devices)).index != index:
+            raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
+                             "exactly the one device it lives on (move it with .to(device) first)")
+    return process_group
+
+
+def check_shardable(compress, algorithm, find_unused_parameters) -> None:
+    if compress not in (None, "none", "None", ""):
+        raise ValueError(f"shard_optimizer does not combine with compress={compress!r}: the shards are "
+                         "reduce-scattered in the gradients' own dtype; drop one of the two")
+    if algorithm != "native":
+        raise ValueError(f"shard_optimizer uses the backend's reduce-scatter; algorithm={algorithm!r} "
+                         "only implements all-reduce: use algorithm='native'")
+    if find_unused_parameters:
+        raise ValueError("shard_optimizer does not support find_unused_parameters=True: freeze "
+                         "unused parameters with requires_grad_(False) instead")
+
+
+def check_not_wrapped(module: nn.Module, wrapper: type) -> None:
+    if isinstance(module, (wrapper, nn.parallel.DistributedDataParallel)):
+        raise TypeError(f"minddp.DistributedDataParallel: the module is already a {type(module).__name__}; "
+                        "wrap the plain model once (pass `ddp.module` to wrap it anew)")
+    owner = OWNERS.get(module)
+    if owner is not None and owner() is not None:
+        raise RuntimeError(
+            "minddp.DistributedDataParallel: this module is already wrapped by another live minddp "
+            "DDP, whose hooks would fight over .grad. Wrap it once, or call old.remove_hooks() "
+            "(or drop the old wrapper) first.")
+
+
+def _describe(entry) -> str:
+    if entry == "nothing":
+        return "no further tensor"
+    if entry[0] == "requires_grad":
+        return f"trainable parameters {list(entry[1])}"
+    kind, name, shape, dtype = entry
+    return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"

@@ -1,0 +1,210 @@
+"""What the engine reports about its communication, kept out of its core path.
+
+The engine (ddp.py) calls an observer at five points of a synchronised iteration and does
+not know what it records:
+
+    start(num_buckets)        a synchronised forward begins a new iteration
+    launch(b, nbytes, kind)   bucket b's reduction is about to start
+    launched(b, future)       ... and has started: returns the future the engine waits on
+    poll()                    a gradient arrived (a cheap moment to notice completions)
+    backward_end()            autograd finished; the engine now launches the rest and waits
+    done(b)                   the engine's wait for bucket b returned
+    wait_end(wire_bytes)      every bucket is reduced
+
+`Observer` keeps `CommStats` (host clock), the optional trace (`ddp.trace = []` records
+(event, bucket, time) tuples: see minddp.train.steptrace) and torch.profiler ranges.
+`CudaObserver` times the work itself with CUDA events: on nccl a collective's future
+completes when it is enqueued, so a host clock would read ~0 (events are read lazily,
+when `comm_stats` is read: no host sync per step).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import _compat
+
+
+@dataclass
+class CommStats:
+    """Communication of the last synchronised iteration.
+
+    num_collectives counts the gradient-bucket reductions (one per bucket); the
+    one-off broadcast of the rebuilt bucket plan after the first iteration is
+    not included. comm_time_s runs from the first bucket launch to the last
+    completion (under overlap it spans most of backward); busy_s is the time at least
+    one bucket was in flight (the union of launch-to-completion intervals), the number
+    to compare with a cost model; exposed_wait_s is how long the end-of-backward callback blocked
+    waiting for communication (the part overlap did not hide).
+    """
+
+    num_buckets: int = 0
+    num_collectives: int = 0
+    bytes: int = 0  # on the wire: 16-bit sizes under compress=fp16/bf16
+    comm_time_s: float = 0.0
+    busy_s: float = 0.0
+    exposed_wait_s: float = 0.0
+    launched_in_backward: int = 0
+    launch_order: list[int] = field(default_factory=list)
+    overlap: bool = True
+
+
+def observer_for(device: torch.device, overlap: bool) -> "Observer":
+    return CudaObserver(device, overlap) if device.type == "cuda" else Observer(overlap)
+
+
+class Observer:
+    """CommStats from the host clock, the trace, and profiler ranges."""
+
+    host_clock = True  # completion times from a callback on each future
+
+    def __init__(self, overlap: bool = True):
+        self.overlap = overlap
+        self.trace: list | None = None  # set to a list to record (event, bucket, time) tuples
+        self.stats = CommStats(overlap=overlap)
+        self._range = self._wait_range = None
+
+    def layout_changed(self, num_buckets: int) -> None:
+        self.stats.num_buckets = num_buckets
+
+    def start(self, num_buckets: int) -> None:
+        self.stats = CommStats(num_buckets=num_buckets, overlap=self.overlap)
+        self._t_launch = [None] * num_buckets
+        self._t_done = [None] * num_buckets
+        self._inflight: collections.deque[int] = collections.deque()
+        self._t_first_launch = self._t_last_done = None
+
+    def launch(self, b: int, nbytes: int, kind: str) -> None:
+        now = time.perf_counter()
+        if self._t_first_launch is None:
+            self._t_first_launch = now
+        self._t_launch[b] = now
+        if self.trace is not None:
+            self.trace.append(("launch", b, now))
+        if _compat.profiler_enabled():  # a named range in torch.profiler traces
+            self._range = torch.profiler.record_function(f"minddp: bucket {b} {kind} ({nbytes} B)")
+            self._range.__enter__()
+
+    def launched(self, b: int, future):
+        self._end_range()
+        self.stats.launch_order.append(b)
+        if self.host_clock and isinstance(future, torch.futures.Future):
+            # the completion time, exactly (busy_s): a callback on the comm thread
+            return future.then(functools.partial(self._on_done, b))
+        self._inflight.append((b, future))  # a Work without a future (gloo's reduce-scatter): polled
+        return future
+
+    def poll(self) -> None:
+        """Note the completion time of launched buckets that have finished (in launch order)."""
+        while self._inflight and self._inflight[0][1].done():
+            self._mark_done(self._inflight.popleft()[0])
+
+    def _end_range(self) -> None:
+        if self._range is not None:
+            self._range, r = None, self._range
+            r.__exit__(None, None, None)
+
+    def _on_done(self, b: int, fut):
+        self._mark_done(b)
+        return fut.value()
+
+    def _mark_done(self, b: int) -> None:
+        self._t_last_done = self._t_done[b] = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("done", b, self._t_last_done))
+
+    def backward_end(self, launched_in_backward: int) -> None:
+        self.stats.launched_in_backward = launched_in_backward
+        self._t_wait = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("backward_end", None, self._t_wait))
+        if _compat.profiler_enabled():
+            self._wait_range = torch.profiler.record_function("minddp: wait for buckets")
+            self._wait_range.__enter__()
+
+    def done(self, b: int) -> None:
+        if self._inflight and self._inflight[0][0] == b:  # not seen finished by a poll: now
+            self._inflight.popleft()
+            self._mark_done(b)
+
+    def wait_end(self, wire_bytes: int) -> None:
+        if self._wait_range is not None:
+            self._wait_range, r = None, self._wait_range
+            r.__exit__(None, None, None)
+        done = time.perf_counter()
+        if self.trace is not None:
+            self.trace.append(("wait_end", None, done))
+        s = self.stats
+        s.exposed_wait_s = done - self._t_wait
+        s.comm_time_s = (self._t_last_done or done) - self._t_first_launch
+        s.busy_s = _union_length([(t, d or done) for t, d in zip(self._t_launch, self._t_done)])
+        s.num_collectives = s.num_buckets
+        s.bytes = wire_bytes
+
+    def read(self) -> CommStats:
+        return self.stats
+
+
+class CudaObserver(Observer):
+    """Per-bucket CUDA events on a side stream time the collectives themselves."""
+
+    host_clock = False
+
+    def __init__(self, device: torch.device, overlap: bool = True):
+        super().__init__(overlap)
+        self._stream = torch.cuda.Stream(device)
+        self._events: list[tuple] = []
+        self._marks: dict | None = None
+
+    def start(self, num_buckets: int) -> None:
+        super().start(num_buckets)
+        while len(self._events) < num_buckets:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        self._marks = None
+
+    def launch(self, b: int, nbytes: int, kind: str) -> None:
+        super().launch(b, nbytes, kind)
+        self._events[b][0].record()  # on the compute stream: the bucket is handed to the backend here
+
+    def launched(self, b: int, future):
+        with torch.cuda.stream(self._stream):
+            future.wait()  # the timing stream waits for the collective, the host does not
+            self._events[b][1].record()
+        return super().launched(b, future)
+
+    def backward_end(self, launched_in_backward: int) -> None:
+        super().backward_end(launched_in_backward)
+        self._marks = {k: torch.cuda.Event(enable_timing=True) for k in ("backward_end", "wait_end")}
+        self._marks["backward_end"].record()
+
+    def wait_end(self, wire_bytes: int) -> None:
+        super().wait_end(wire_bytes)
+        self._marks["wait_end"].record()  # after the compute stream waited for every bucket
+
+    def read(self) -> CommStats:
+        """CUDA events resolved on the first read after an iteration."""
+        if self._marks is not None:
+            marks, self._marks = self._marks, None
+            marks["wait_end"].synchronize()
+            ref = self._events[0][0]
+            sec = lambda ev: ref.elapsed_time(ev) / 1e3  # noqa: E731 - seconds since the first launch
+            spans = [(sec(a), sec(z)) for a, z in self._events[: self.stats.num_buckets]]
+            s = self.stats
+            s.busy_s = _union_length(spans)
+            s.comm_time_s = max(e for _, e in spans) - min(b for b, _ in spans)
+            s.exposed_wait_s = max(0.0, sec(marks["wait_end"]) - sec(marks["backward_end"]))
+        return self.stats
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
