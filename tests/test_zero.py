@@ -94,6 +94,27 @@ def test_bad_combinations_name_the_alternative():
     multiproc.run(check, 2)
 
 
+def _join_uneven(rank, world_size):
+    torch.manual_seed(0)
+    ddp = minddp.DDP(MLP(), bucket_cap_mb=0.002, shard_optimizer=True)
+    opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=1e-2)
+    with pytest.raises(ValueError, match="register_comm_hook does not combine with shard_optimizer"):
+        ddp.register_comm_hook(None, minddp.allreduce_hook)
+    with ddp.join():  # refused here, on every rank, before any collective (no hang, no gloo abort)
+        for step in range(2 + rank):  # uneven: rank 1 has one batch more
+            x, y = batch(step, world_size)
+            nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_join_with_uneven_inputs_is_refused_naming_both():
+    errors = multiproc.run_expect_errors(_join_uneven, 2, timeout=60)
+    for text in errors.values():
+        assert "join() does not combine with shard_optimizer=True" in text, text
+        assert "RuntimeError" in text and "ShardedOptimizer" in text
+
+
 # ----------------------------------------------------------- through train.py
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: E402
 
