@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from minddp.errors import ConfigError
-from minddp.train import data
+from minddp.train import data, tokens
 from tests.conftest import SMALL, assert_same_curves, metrics, run_train
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
@@ -29,12 +29,12 @@ def write_nanogpt(folder, vocab=50, n_train=20_000, n_val=4_000, meta=True, seed
     return base
 
 
-def write_llmc(path, tokens, version=1, count=None):
+def write_llmc(path, ids, version=1, count=None):
     header = np.zeros(256, dtype=np.int32)
-    header[:3] = [data.LLMC_MAGIC, version, len(tokens) if count is None else count]
+    header[:3] = [tokens.LLMC_MAGIC, version, len(ids) if count is None else count]
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16 if version == 1 else np.uint32).tobytes())
+        f.write(np.asarray(ids, dtype=np.uint16 if version == 1 else np.uint32).tobytes())
 
 
 # ------------------------------------------------------------------ unit
@@ -42,9 +42,10 @@ def test_llmc_shards_concatenate_in_name_order_and_windows_never_span_two(tmp_pa
     write_llmc(tmp_path / "x_train_000002.bin", np.arange(100, 117))
     write_llmc(tmp_path / "x_train_000001.bin", np.arange(0, 10))
     write_llmc(tmp_path / "x_val_000000.bin", np.arange(5))
-    files = data.token_files(tmp_path, "train")
-    assert [f.name for f in files] == ["x_train_000001.bin", "x_train_000002.bin"]
-    ds = data.TokenWindows([data.open_tokens(f) for f in files], block_size=4)
+    layout, files = tokens.token_files(tmp_path)
+    assert layout == "llmc"
+    assert [f.name for f in files["train"]] == ["x_train_000001.bin", "x_train_000002.bin"]
+    ds = data.TokenWindows([tokens.open_tokens(f) for f in files["train"]], block_size=4)
     # shard 1: 10 tokens -> 2 windows; shard 2: 17 tokens -> 4 windows
     assert len(ds) == 6
     assert ds[0].tolist() == [0, 1, 2, 3, 4] and ds[1].tolist() == [4, 5, 6, 7, 8]
@@ -54,16 +55,16 @@ def test_llmc_shards_concatenate_in_name_order_and_windows_never_span_two(tmp_pa
 
 def test_llmc_header_decides_dtype_and_a_wrong_count_is_named(tmp_path):
     write_llmc(tmp_path / "a.bin", [70_000, 3], version=2)
-    assert data.open_tokens(tmp_path / "a.bin").tolist() == [70_000, 3]
+    assert tokens.open_tokens(tmp_path / "a.bin").tolist() == [70_000, 3]
     write_llmc(tmp_path / "b.bin", np.arange(10), count=50)
     with pytest.raises(ConfigError, match="header says 50 tokens.*truncated"):
-        data.open_tokens(tmp_path / "b.bin")
+        tokens.open_tokens(tmp_path / "b.bin")
 
 
 def test_headerless_dtype_auto_follows_the_vocabulary():
-    assert data.headerless_dtype("auto", 50_257) == "uint16"
-    assert data.headerless_dtype("auto", 100_000) == "uint32"
-    assert data.headerless_dtype("uint8", 256) == "uint8"
+    assert tokens.headerless_dtype("auto", 50_257) == "uint16"
+    assert tokens.headerless_dtype("auto", 100_000) == "uint32"
+    assert tokens.headerless_dtype("uint8", 256) == "uint8"
 
 
 class _RunsCode:
@@ -77,12 +78,12 @@ def test_meta_pkl_is_read_without_running_code(tmp_path):
     write_nanogpt(tmp_path, meta=False)
     with open(tmp_path / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": 65, "itos": {0: "a"}}, f)
-    assert data.read_meta(tmp_path)["vocab_size"] == 65
+    assert tokens.read_meta(tmp_path)["vocab_size"] == 65
     _RunsCode.marker = tmp_path / "pwned"
     with open(tmp_path / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": 65, "x": _RunsCode()}, f)
     with pytest.raises(ConfigError, match="refused to load posix.system"):
-        data.read_meta(tmp_path)
+        tokens.read_meta(tmp_path)
     assert not _RunsCode.marker.exists()
 
 
@@ -93,7 +94,8 @@ def test_token_id_beyond_the_vocabulary_is_an_error_before_training(tmp_path):
     bad = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
     bad[-3] = 77  # far from the start: found by the strided pass
     bad.tofile(tmp_path / "train.bin")
-    with pytest.raises(ConfigError, match="holds token id 77 but the vocabulary has 50"):
+    with pytest.raises(ConfigError, match=r"holds token id 77 \(the first too large one at token 19997\) "
+                                          "but the vocabulary has 50"):
         data.load_tokens(cfg, 16, 50)
 
 
@@ -175,7 +177,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         assert {f.name for f in out.iterdir()} >= {"train.bin", "val.bin", "meta.pkl", "tokenizer.json"}
-        vocab = data.read_meta(out)["vocab_size"]
+        vocab = tokens.read_meta(out)["vocab_size"]
         assert vocab == (256 if tok == "bytes" else 300)
         run = tmp_path / f"run-{tok}"
         run_train(run, *TOK, "data=tokens", f"data.dir={out}", "train.max_steps=30", "optim.lr=3e-3",
@@ -187,6 +189,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         assert s.stdout.startswith("the quick") and len(s.stdout) > len("the quick") + 5, s.stdout
 
 
+@pytest.mark.slow  # a subprocess: the CLI's exit code and stderr
 @pytest.mark.parametrize("setup,message", [
     (lambda p: p.write_text(""), "holds no text"),
     (lambda p: p.write_bytes(b"\x00\x01binary"), "looks binary"),

@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from ..train import checkpoint
-from ..train.data import read_meta
+from ..train.tokens import read_meta
 
 
 class Codec:

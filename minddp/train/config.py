@@ -23,14 +23,18 @@ _PROCESS_START = datetime.now()
 
 
 # The model schemas are the models' own config dataclasses plus the group's name.
+# vocab_size null: from the data (meta.pkl, llm.c's header), else 256 (bytes); set it and it
+# must agree with meta.pkl. The trainer writes the effective value back before saving.
 @dataclass
 class GPTModel(GPTConfig):
     name: str = "gpt"
+    vocab_size: Optional[int] = None
 
 
 @dataclass
 class MLPModel(MLPConfig):
     name: str = "mlp"
+    vocab_size: Optional[int] = None
 
 
 @dataclass
@@ -249,7 +253,7 @@ def _setting_problems(cfg):
         yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):
         yield f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}"
-    if min(m.n_embd, m.block_size, m.vocab_size, m.n_layer) < 1:
+    if min(m.n_embd, m.block_size, m.vocab_size or 1, m.n_layer) < 1:
         yield "model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1"
     if m.name == "gpt" and not 0 <= m.dropout < 1:
         yield f"model.dropout must be in [0, 1), got {m.dropout}"

@@ -1,8 +1,8 @@
 """Data: token files read through a memmap, sharded with DistributedSampler.
 
-One reader for every source: a folder of token files (`data=tokens`: nanoGPT's headerless
-`train.bin`/`val.bin`, or llm.c's shards with a 1024-byte header), byte-level text
-(`data=text`, cached once as a token file of bytes), and a synthetic task. Every data set
+One reader for every source: a folder of token files (`data=tokens`: nanoGPT's, llm.c's or
+build-nanogpt's layout, opened and checked in tokens.py), byte-level text (`data=text`,
+cached once as a token file of bytes), and a synthetic task. Every data set
 is map-style and yields windows of `block_size + 1` token ids; a batch's inputs are the
 first `block_size` and its targets the last. Windows never span two shards.
 
@@ -16,8 +16,10 @@ can resume on another number of ranks and see the same samples.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,8 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from ..errors import ConfigError
-from . import safe_pickle
+from . import tokens
 from .atomic import atomic_write
-
-LLMC_MAGIC, LLMC_HEADER_INTS = 20240520, 256
-_LLMC_DTYPES = {1: np.uint16, 2: np.uint32}
 
 
 class TokenWindows(Dataset):
@@ -78,110 +77,6 @@ class ArithmeticSequences(Dataset):
         g = np.random.default_rng(self.offset + i)
         start, stride = int(g.integers(self.m)), int(g.integers(1, self.m))
         return torch.from_numpy((start + stride * np.arange(self.block_size + 1)) % self.m)
-
-
-# ---------------------------------------------------------------- token files
-def read_header(path) -> np.ndarray | None:
-    """llm.c's 256 int32 header if the file starts with its magic number, else None."""
-    with open(path, "rb") as f:
-        head = np.frombuffer(f.read(LLMC_HEADER_INTS * 4), dtype=np.int32)
-    return head if len(head) == LLMC_HEADER_INTS and head[0] == LLMC_MAGIC else None
-
-
-def open_tokens(path, dtype="auto", vocab_size: int | None = None) -> np.memmap:
-    """A memmap of one token file: llm.c's (header decides the dtype) or headerless."""
-    path = Path(path)
-    header = read_header(path)
-    if header is not None:
-        version, count = int(header[1]), int(header[2])
-        if version not in _LLMC_DTYPES:
-            raise ConfigError(f"{path}: llm.c header version {version} is unknown (1 = uint16, 2 = uint32)")
-        np_dtype = np.dtype(_LLMC_DTYPES[version])
-        body = path.stat().st_size - LLMC_HEADER_INTS * 4
-        if body != count * np_dtype.itemsize:
-            raise ConfigError(f"{path}: the header says {count} tokens ({count * np_dtype.itemsize} bytes) "
-                              f"but the file holds {body} bytes after it: truncated or not an llm.c shard")
-        return np.memmap(path, dtype=np_dtype, mode="r", offset=LLMC_HEADER_INTS * 4, shape=(count,))
-    np_dtype = np.dtype(headerless_dtype(dtype, vocab_size))
-    if path.stat().st_size % np_dtype.itemsize:
-        raise ConfigError(f"{path}: {path.stat().st_size} bytes is not a whole number of {np_dtype} tokens; "
-                          "set data.dtype to the dtype the file was written with")
-    return np.memmap(path, dtype=np_dtype, mode="r")
-
-
-def headerless_dtype(dtype: str, vocab_size: int | None) -> str:
-    if dtype != "auto":
-        return dtype
-    return "uint16" if vocab_size is None or vocab_size <= 2**16 else "uint32"
-
-
-def read_meta(folder) -> dict:
-    """nanoGPT's meta.pkl (vocab_size, maybe itos/stoi), read without running any code."""
-    path = Path(folder) / "meta.pkl"
-    if not path.exists():
-        return {}
-    try:
-        meta = safe_pickle.load(path)
-    except safe_pickle.UnsafePickleError as e:
-        raise ConfigError(f"{path}: {e}. A meta.pkl holds a plain dict (vocab_size, itos, stoi); "
-                          "rewrite it as one or delete it and set model.vocab_size") from None
-    if not isinstance(meta, dict):
-        raise ConfigError(f"{path} holds a {type(meta).__name__}, not a dict with vocab_size")
-    return meta
-
-
-def token_files(folder, split: str) -> list[Path]:
-    """nanoGPT's <split>.bin, or llm.c's shards whose names contain the split, in name order."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"data.dir={str(folder)!r} is not a folder of token files")
-    exact = folder / f"{split}.bin"
-    files = [exact] if exact.exists() else sorted(p for p in folder.glob(f"*{split}*.bin") if p.is_file())
-    if not files:
-        raise ConfigError(f"data.dir={str(folder)!r} has no {split}.bin and no *{split}*.bin shards "
-                          "(write them with minddp prepare, or nanoGPT's / llm.c's scripts)")
-    return files
-
-
-def token_range_max(path, dtype, offset: int, count: int, head: int = 1 << 20,
-                    chunks: int = 256, chunk: int = 4096) -> int:
-    """The largest token id in a bounded sample: the first `head` tokens plus `chunks`
-    evenly spaced runs of `chunk` tokens. Plain reads, not the memmap: a strided pass
-    through a memmap would map every page of a many-GB file into this process."""
-    dtype = np.dtype(dtype)
-    starts = [0]
-    if count > chunk:
-        starts += [int(i * (count - chunk) / max(1, chunks - 1)) for i in range(chunks)]
-    top = 0
-    with open(path, "rb") as f:
-        for k, start in enumerate(starts):
-            n = min(head if k == 0 else chunk, count - start)
-            f.seek(offset + start * dtype.itemsize)
-            part = np.frombuffer(f.read(max(0, n) * dtype.itemsize), dtype=dtype)
-            if len(part):
-                top = max(top, int(part.max()))
-    return top
-
-
-def check_token_range(shards, vocab_size: int, where: str) -> None:
-    """A token id >= vocab_size would index past the embedding: fail before training."""
-    for path, arr in shards:
-        if not len(arr):
-            continue
-        top = token_range_max(path, arr.dtype, arr.offset, len(arr))
-        if top >= vocab_size:
-            raise ConfigError(f"{path} holds token id {top} but the vocabulary has {vocab_size} tokens "
-                              f"({where}); set model.vocab_size > {top} or check data.dtype")
-
-
-def load_tokens(data_cfg, block_size: int, vocab_size: int) -> tuple[Dataset, Dataset]:
-    splits = {}
-    for split in ("train", "val"):
-        files = token_files(data_cfg.dir, split)
-        shards = [(p, open_tokens(p, data_cfg.dtype, vocab_size)) for p in files]
-        check_token_range(shards, vocab_size, "model.vocab_size, or meta.pkl's vocab_size")
-        splits[split] = TokenWindows([a for _, a in shards], block_size)
-    return splits["train"], splits["val"]
 
 
 # ---------------------------------------------------------------- text corpus
@@ -233,28 +128,89 @@ def load_corpus(path: str | None, max_bytes: int, cache_dir: str) -> np.ndarray:
         if total == 0:
             raise ValueError(f"no text found under {path or stdlib_root()}")
         atomic_write(cache, b"".join(chunks))
-    return open_tokens(cache, "uint8")
+    return tokens.open_tokens(cache, "uint8")
 
 
-def vocab_size_of(data_cfg, model_vocab: int) -> int:
-    """meta.pkl's vocab_size for token folders that have one, else the model's."""
-    if data_cfg.name == "tokens":
-        return int(read_meta(data_cfg.dir).get("vocab_size", model_vocab))
-    return model_vocab
+@dataclass
+class DataInfo:
+    """What a run trains on, as it was found: for the start-up line, run.json, W&B and the config."""
+
+    format: str  # nanoGPT bin | llm.c shards v1 | llm.c shards v2 | npy shards | bytes corpus | synthetic
+    vocab_size: int
+    vocab_source: str
+    dir: str | None = None
+    files: dict = field(default_factory=dict)  # split -> number of files
+    tokens: dict = field(default_factory=dict)  # split -> number of tokens
+
+    def summary(self) -> str:
+        parts = [self.format]
+        if self.files:
+            parts.append(" + ".join(f"{n} {s}" for s, n in self.files.items()) + " files")
+        if self.tokens:
+            parts.append(" / ".join(f"{n:,} {s}" for s, n in self.tokens.items()) + " tokens")
+        parts.append(f"vocabulary {self.vocab_size} ({self.vocab_source})")
+        return "data " + ", ".join(parts) + (f" from {self.dir}" if self.dir else "")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
-def build_datasets(data_cfg, block_size: int, vocab_size: int = 256) -> tuple[Dataset, Dataset]:
+_FORMATS = {"nanoGPT bin": "nanoGPT bin", "llm.c v1": "llm.c shards v1 (GPT-2)",
+            "llm.c v2": "llm.c shards v2 (llama-3)", "npy": "npy shards (build-nanogpt)"}
+
+
+def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
+    """(train, val, info) of a data=tokens folder, every file opened and checked."""
+    folder = tokens.open_folder(data_cfg.dir, data_cfg.dtype, vocab_size, block_size)
+    sets = {s: TokenWindows([sh.tokens for sh in shards], block_size) for s, shards in folder.splits.items()}
+    info = DataInfo(_FORMATS[folder.kinds[0]], folder.vocab_size, folder.vocab_source, str(folder.dir),
+                    {s: len(v) for s, v in folder.splits.items()},
+                    {s: sum(len(sh.tokens) for sh in v) for s, v in folder.splits.items()})
+    return sets["train"], sets["val"], info
+
+
+def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Dataset, Dataset, DataInfo]:
+    if vocab_size and vocab_size < tokens.BYTE_VOCAB:
+        raise ConfigError(f"model.vocab_size={vocab_size} is too small for data=text: its ids are bytes "
+                          "(0-255); drop model.vocab_size or set it >= 256")
+    ids = load_corpus(data_cfg.path, data_cfg.max_bytes, data_cfg.cache_dir)
+    split = int(len(ids) * (1 - data_cfg.val_fraction))
+    parts = {"train": ids[:split], "val": ids[split:]}
+    for name, part in parts.items():
+        if len(part) <= block_size:
+            raise ConfigError(f"data=text: the {name} split holds {len(part)} bytes, fewer than one "
+                              f"window of model.block_size+1 = {block_size + 1}: use more text "
+                              "(data.max_bytes, data.path), another data.val_fraction or a smaller "
+                              "model.block_size")
+    info = DataInfo("bytes corpus", vocab_size or tokens.BYTE_VOCAB,
+                    "model.vocab_size" if vocab_size else "bytes", data_cfg.path,
+                    tokens={k: len(v) for k, v in parts.items()})
+    return TokenWindows(parts["train"], block_size), TokenWindows(parts["val"], block_size), info
+
+
+def load_data(data_cfg, block_size: int, vocab_size: int | None = None) -> tuple[Dataset, Dataset, DataInfo]:
+    """(train, val, what was found). vocab_size: model.vocab_size, None when not given."""
     if data_cfg.name == "tokens":
         return load_tokens(data_cfg, block_size, vocab_size)
     if data_cfg.name == "text":
-        tokens = load_corpus(data_cfg.path, data_cfg.max_bytes, data_cfg.cache_dir)
-        split = int(len(tokens) * (1 - data_cfg.val_fraction))
-        return TokenWindows(tokens[:split], block_size), TokenWindows(tokens[split:], block_size)
+        return _load_text(data_cfg, block_size, vocab_size)
     if data_cfg.name == "synthetic":
+        vocab = vocab_size or tokens.BYTE_VOCAB
+        if data_cfg.modulus > vocab:
+            raise ConfigError(f"data.modulus={data_cfg.modulus} exceeds model.vocab_size={vocab}: "
+                              "the ids would index past the embedding")
         train = ArithmeticSequences(data_cfg.num_samples, block_size, data_cfg.modulus)
         val = ArithmeticSequences(data_cfg.num_val, block_size, data_cfg.modulus, offset=10**9)
-        return train, val
+        return train, val, DataInfo("synthetic", vocab, "model.vocab_size" if vocab_size else "default")
     raise ValueError(f"unknown data set {data_cfg.name!r}: use data=tokens, data=text or data=synthetic")
+
+
+def record_in_config(cfg, info: DataInfo) -> None:
+    """The effective vocabulary and the absolute data folder into the run's config, so the saved
+    config, run.json and W&B say what was used and `minddp sample` finds the data from anywhere."""
+    cfg.model.vocab_size = info.vocab_size
+    if cfg.data.name == "tokens":
+        cfg.data.dir = info.dir
 
 
 def collate(dataset: Dataset, indices: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:

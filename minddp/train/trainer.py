@@ -35,7 +35,7 @@ from ..zero import ShardedOptimizer
 from . import checkpoint, consistency, flight_recorder, flops, steptrace
 from .atomic import atomic_write
 from .config import validate
-from .data import ShardedBatches, build_datasets, collate, vocab_size_of
+from .data import ShardedBatches, collate, load_data, record_in_config
 from .faults import Faults
 from .model import GPT, MLP, GPTConfig, MLPConfig
 from .signals import StopRequest
@@ -104,9 +104,11 @@ class Trainer:
         flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
         if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
             quiet_logging()
-        self.vocab_size = vocab_size_of(cfg.data, cfg.model.vocab_size)
+        self.train_set, self.val_set, self.data_info = load_data(cfg.data, cfg.model.block_size,
+                                                                 cfg.model.vocab_size)
+        record_in_config(cfg, self.data_info)  # the saved config, run.json and W&B say what was used
+        self.vocab_size = self.data_info.vocab_size
         self.model = self._build_model()
-        self.train_set, self.val_set = build_datasets(cfg.data, cfg.model.block_size, self.vocab_size)
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
         self.ckpt_path, state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device)
@@ -160,16 +162,17 @@ class Trainer:
             return NullTracker()
         name = run_name(cfg, info.world_size, self.dims)
         config = OmegaConf.to_container(cfg, resolve=True)
-        tracker = Tracker(self.run_dir, config, cfg.wandb, name, t.max_steps, self.start, t.log_every)
+        tracker = Tracker(self.run_dir, {**config, "data_info": self.data_info.as_dict()}, cfg.wandb, name,
+                          t.max_steps, self.start, t.log_every)
         write_run_info(self.run_dir, {  # what minddp.tools.report needs to compare runs
             "world_size": info.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "backend": info.backend,
             "device": info.device.type, "num_params": self.num_params, "accumulation": self.accum,
-            "peak_tflops_job": self.job_peak_tflops, "config": config})
+            "peak_tflops_job": self.job_peak_tflops, "data": self.data_info.as_dict(), "config": config})
         tracker.info(
             f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} ({info.backend} on "
             f"{info.device.type}), dp {self.dims.dp} x tp {self.dims.tp}, accumulation {self.accum}, "
             f"{len(self.ddp.bucket_assignment)} buckets, peak {self.job_peak_tflops:.3g} TFLOP/s for the "
-            f"job ({self.peak_source}), run dir {self.run_dir}"
+            f"job ({self.peak_source}), run dir {self.run_dir}; {self.data_info.summary()}"
             + (f", resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
         return tracker
 

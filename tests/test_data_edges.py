@@ -1,0 +1,329 @@
+"""data=tokens at its edges: every bad folder is a ConfigError naming the file and the fix, the
+id check reads every token, llm.c headers are checked, formats are not mixed, and the
+vocabulary is decided (and reported) the same way for nanoGPT, llm.c and build-nanogpt data."""
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minddp.errors import ConfigError
+from minddp.train import data, tokens
+from tests.conftest import ROOT, SMALL
+from tests.multiproc import free_port
+
+TOK = [a for a in SMALL if not a.startswith("data=")]
+
+
+class Cfg:
+    """The data=tokens config node, as load_tokens reads it."""
+
+    def __init__(self, folder, dtype="auto"):
+        self.name, self.dir, self.dtype = "tokens", str(folder), dtype
+
+
+def nanogpt(folder, n_train=400, n_val=100, vocab=50, meta=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = np.arange(n_train + n_val) % vocab
+    ids[:n_train].astype(np.uint16).tofile(folder / "train.bin")
+    ids[n_train:].astype(np.uint16).tofile(folder / "val.bin")
+    if meta:
+        with open(folder / "meta.pkl", "wb") as f:
+            pickle.dump({"vocab_size": vocab}, f)
+    return folder
+
+
+def llmc(path, ids, version=1, magic=tokens.LLMC_MAGIC):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [magic, version, len(ids)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(ids, dtype=np.uint16 if version == 1 else np.uint32).tobytes())
+
+
+def llmc_folder(folder, version=1, n=300):
+    folder.mkdir(parents=True, exist_ok=True)
+    llmc(folder / "fw_train_000001.bin", np.arange(n) % 97, version)
+    llmc(folder / "fw_train_000002.bin", np.arange(n) % 89, version)
+    llmc(folder / "fw_val_000000.bin", np.arange(n) % 83, version)
+    return folder
+
+
+def load(folder, block_size=16, vocab=None, dtype="auto"):
+    return data.load_tokens(Cfg(folder, dtype), block_size, vocab)
+
+
+# ------------------------------------------------------------------ broken files
+def test_empty_train_bin_names_the_file(tmp_path):
+    nanogpt(tmp_path)
+    (tmp_path / "train.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"train\.bin is empty \(0 bytes\).*Re-run the script"):
+        load(tmp_path)
+
+
+def test_a_file_shorter_than_one_window_names_the_file_and_the_fix(tmp_path):
+    nanogpt(tmp_path, n_val=10)
+    with pytest.raises(ConfigError, match=r"val\.bin: the longest val file holds 10 tokens, fewer than one "
+                                          r"window of model\.block_size\+1 = 17.*smaller model\.block_size"):
+        load(tmp_path, block_size=16)
+
+
+def test_train_bin_that_is_a_folder_is_named(tmp_path):
+    nanogpt(tmp_path)
+    (tmp_path / "train.bin").unlink()
+    (tmp_path / "train.bin").mkdir()
+    with pytest.raises(ConfigError, match=r"train\.bin is a folder, not a token file"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("content", [
+    pickle.dumps({"vocab_size": 50, "itos": {i: chr(65 + i) for i in range(50)}})[:-7],  # truncated
+    b"not a pickle at all",
+    b"",
+])
+def test_torn_or_foreign_meta_pkl_is_named(tmp_path, content):
+    nanogpt(tmp_path)
+    (tmp_path / "meta.pkl").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"meta\.pkl cannot be read .*truncated or not a pickle.*re-run"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("meta", [{"vocab_size": "fifty"}, {"vocab_size": 0}, [1, 2]])
+def test_meta_pkl_with_a_bad_vocab_size_is_named(tmp_path, meta):
+    nanogpt(tmp_path)
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
+    with pytest.raises(ConfigError, match=r"meta\.pkl"):
+        load(tmp_path)
+
+
+# ------------------------------------------------------------------ the id check
+def test_a_bad_id_anywhere_in_the_file_is_found(tmp_path):
+    """1.5M tokens with one bad id between the old sampled chunks (first 1M + 256 runs of 4096)."""
+    n = 1_500_000
+    nanogpt(tmp_path, n_train=n, vocab=50)
+    starts = [int(i * (n - 4096) / 255) for i in range(256)]
+    bad_at = next(s for s in starts if s > 1_000_000) + 4096 + 100  # in a gap the sample skipped
+    ids = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    ids[bad_at] = 60
+    ids.tofile(tmp_path / "train.bin")
+    with pytest.raises(ConfigError, match=rf"train\.bin holds token id 60 \(the first too large one at "
+                                          rf"token {bad_at}\) but the vocabulary has 50 tokens: the ids"):
+        load(tmp_path)
+
+
+def test_range_scan_is_exact_across_chunks(tmp_path):
+    ids = np.arange(10_000, dtype=np.uint16) % 300
+    ids[7_777] = 5_000
+    path = tmp_path / "t.bin"
+    ids.tofile(path)
+    for chunk in (2, 1000, 4096, 1 << 20):  # bytes per read
+        assert tokens.scan_range(path, np.uint16, 0, len(ids), chunk, limit=300) == (0, 5_000, 7_777)
+    assert tokens.scan_range(path, np.uint16, 0, len(ids), 1000, limit=5_001) == (0, 5_000, None)
+
+
+def test_the_error_advice_follows_where_the_vocabulary_came_from(tmp_path):
+    nanogpt(tmp_path, vocab=300, meta=False)  # ids up to 299, nothing says the vocabulary
+    with pytest.raises(ConfigError, match=r"no model\.vocab_size and no meta\.pkl gave one, so 256 was "
+                                          r"assumed; set model\.vocab_size > 299"):
+        load(tmp_path)
+    with pytest.raises(ConfigError, match=r"set model\.vocab_size > 299, or check data\.dtype"):
+        load(tmp_path, vocab=299)
+    assert load(tmp_path, vocab=300)[2].vocab_size == 300
+
+
+# ------------------------------------------------------------------ llm.c headers
+@pytest.mark.parametrize("magic,version,message", [
+    (12345, 1, r"magic number 12345, not llm\.c's 20240520: not an llm\.c shard"),
+    (0, 0, r"the llm\.c header is all zeros"),
+    (tokens.LLMC_MAGIC, 7, r"llm\.c header version 7 is unknown"),
+])
+def test_a_bad_llmc_header_is_an_error_not_plain_tokens(tmp_path, magic, version, message):
+    llmc_folder(tmp_path)
+    ids = np.arange(600) % 50
+    if magic == 0:
+        (tmp_path / "fw_train_000002.bin").write_bytes(np.zeros(256 + 600, dtype=np.int32).tobytes())
+    else:
+        llmc(tmp_path / "fw_train_000002.bin", ids, version=1, magic=magic)
+        if version != 1:
+            raw = bytearray((tmp_path / "fw_train_000002.bin").read_bytes())
+            raw[4:8] = np.int32(version).tobytes()
+            (tmp_path / "fw_train_000002.bin").write_bytes(bytes(raw))
+    with pytest.raises(ConfigError, match=r"fw_train_000002\.bin: " + message):
+        load(tmp_path)
+
+
+def test_a_shard_shorter_than_its_header_is_named(tmp_path):
+    llmc_folder(tmp_path)
+    (tmp_path / "fw_val_000000.bin").write_bytes(b"\x01" * 100)
+    with pytest.raises(ConfigError, match=r"fw_val_000000\.bin: 100 bytes, shorter than llm\.c's 1024-byte"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("version,vocab,name", [(1, 50_257, "GPT-2"), (2, 128_256, "llama-3")])
+def test_llmc_shards_default_to_their_tokenizers_vocabulary(tmp_path, version, vocab, name):
+    llmc_folder(tmp_path, version)
+    train, val, info = load(tmp_path)
+    assert (info.vocab_size, info.vocab_source) == (vocab, f"llm.c header version {version} ({name})")
+    assert info.format == f"llm.c shards v{version} ({name})"
+    assert info.files == {"train": 2, "val": 1} and info.tokens == {"train": 600, "val": 300}
+    assert len(train) == 2 * (299 // 16) and train[0].tolist() == list(range(17))
+    assert load(tmp_path, vocab=50_304)[2].vocab_size == 50_304  # an explicit (padded) one wins
+
+
+def test_llmc_versions_mixed_in_one_folder_are_named(tmp_path):
+    llmc_folder(tmp_path, version=1)
+    llmc(tmp_path / "fw_train_000003.bin", np.arange(100), version=2)
+    with pytest.raises(ConfigError, match=r"fw_train_000001\.bin is llm\.c v1 but fw_train_000003\.bin is "
+                                          r"llm\.c v2: one folder, one format"):
+        load(tmp_path)
+
+
+# ------------------------------------------------------------------ formats and vocabulary
+@pytest.mark.parametrize("other,named", [
+    ("fw_train_000001.bin", r"llm\.c shards \(\*_train_\*\.bin\): fw_train_000001\.bin"),
+    ("edu_train_000001.npy", r"build-nanogpt shards \(\*_train_\*\.npy\): edu_train_000001\.npy"),
+])
+def test_two_formats_in_one_folder_name_both(tmp_path, other, named):
+    nanogpt(tmp_path)
+    if other.endswith(".npy"):
+        np.save(tmp_path / other, np.arange(100, dtype=np.uint16))
+    else:
+        llmc(tmp_path / other, np.arange(100))
+    with pytest.raises(ConfigError, match=r"holds two formats \(nanoGPT's train\.bin/val\.bin: train\.bin; "
+                                          + named):
+        load(tmp_path)
+
+
+def test_an_explicit_vocab_size_that_disagrees_with_meta_pkl_names_both(tmp_path):
+    nanogpt(tmp_path, vocab=65)
+    with pytest.raises(ConfigError, match=r"model\.vocab_size=100 disagrees with .*meta\.pkl's "
+                                          r"vocab_size 65"):
+        load(tmp_path, vocab=100)
+    assert load(tmp_path, vocab=65)[2].vocab_source == "model.vocab_size"
+    info = load(tmp_path)[2]
+    assert (info.vocab_size, info.vocab_source, info.format) == (65, "meta.pkl", "nanoGPT bin")
+
+
+def test_build_nanogpt_npy_shards_are_read_memory_mapped(tmp_path):
+    stream = np.arange(1000, dtype=np.uint16) % 64
+    np.save(tmp_path / "edufineweb_val_000000.npy", stream[:200])
+    np.save(tmp_path / "edufineweb_train_000001.npy", stream[200:600])
+    np.save(tmp_path / "edufineweb_train_000002.npy", stream[600:])
+    train, val, info = load(tmp_path, vocab=64)
+    assert info.format == "npy shards (build-nanogpt)" and info.tokens == {"train": 800, "val": 200}
+    assert isinstance(train.shards[0], np.memmap)
+    assert train[0].tolist() == stream[200:217].tolist()
+    assert train[len(train) - 1].tolist()[0] == stream[600 + 16 * (399 // 16 - 1)]  # the second shard
+    bad = stream[600:].copy()
+    bad[-1] = 64
+    np.save(tmp_path / "edufineweb_train_000002.npy", bad)
+    with pytest.raises(ConfigError, match=r"edufineweb_train_000002\.npy holds token id 64"):
+        load(tmp_path, vocab=64)
+
+
+@pytest.mark.parametrize("array,message", [
+    (np.array([{"a": 1}], dtype=object), r"is not a readable \.npy array"),
+    (np.zeros((4, 50), dtype=np.uint16), r"must be a 1-D integer array"),
+    (np.linspace(0, 1, 100), r"must be a 1-D integer array"),
+    (np.array([3, -1, 4] * 50, dtype=np.int32), r"holds a negative token id \(-1\)"),
+])
+def test_bad_npy_shards_are_named(tmp_path, array, message):
+    np.save(tmp_path / "x_val_0.npy", np.arange(100, dtype=np.uint16))
+    np.save(tmp_path / "x_train_0.npy", array, allow_pickle=True)
+    with pytest.raises(ConfigError, match=r"x_train_0\.npy.*" + message):
+        load(tmp_path, vocab=64)
+
+
+def test_text_and_synthetic_data_check_the_vocabulary_too(tmp_path):
+    from types import SimpleNamespace as NS
+
+    (tmp_path / "a.txt").write_text("hello world\n" * 200)
+    text = NS(name="text", path=str(tmp_path / "a.txt"), max_bytes=10_000, val_fraction=0.1,
+              cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"model\.vocab_size=100 is too small for data=text"):
+        data.load_data(text, 16, 100)
+    assert data.load_data(text, 16, None)[2].vocab_size == 256
+    synthetic = NS(name="synthetic", num_samples=64, num_val=8, modulus=32)
+    with pytest.raises(ConfigError, match=r"data\.modulus=32 exceeds model\.vocab_size=16"):
+        data.load_data(synthetic, 16, 16)
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_a_broken_folder_exits_2_on_every_rank_without_a_traceback(tmp_path):
+    nanogpt(tmp_path / "d")
+    (tmp_path / "d" / "train.bin").write_bytes(b"")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2",
+           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"),
+           *TOK, "data=tokens", f"data.dir={tmp_path / 'd'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank {rank}] minddp: configuration error: {tmp_path}/d/train.bin is empty" in out, out
+    # torchrun's agent prints its own traceback (ChildFailedError); the workers print none
+    assert "/minddp/" not in out and "train.py\", line" not in out and "flight recorder" not in out, out
+    assert "exitcode  : 2" in out  # torchrun's report of the worker's exit code
+
+
+def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch, caplog):
+    """In process: llm.c GPT-2 shards, no model.vocab_size, a relative data.dir."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+
+    from minddp.train import trainer as trainer_mod
+    from minddp.train.config import register
+
+    register()
+    llmc_folder(tmp_path / "shards", n=400)
+    monkeypatch.chdir(tmp_path)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    seen = {}
+
+    class Recording(trainer_mod.Tracker):
+        def __init__(self, run_dir, config, *args, **kwargs):
+            seen["wandb_config"] = config
+            super().__init__(run_dir, config, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "Tracker", Recording)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "data=tokens", "data.dir=shards", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+            "model.block_size=16", "train.global_batch_size=8", "train.micro_batch_size=4",
+            "train.eval_every=0", "train.max_steps=2", "wandb.mode=disabled", "train.flight_recorder=0"])
+    run = tmp_path / "run"
+    t = trainer_mod.Trainer(cfg, str(run))
+    try:
+        with caplog.at_level(logging.INFO, logger="minddp"):
+            t.setup()
+            t.save(0)
+    finally:
+        t.tracker.close()
+        t.ddp.remove_hooks()
+        dist.destroy_process_group()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    folder = str(tmp_path / "shards")
+    info = json.loads((run / "run.json").read_text())
+    assert info["config"]["model"]["vocab_size"] == 50_257 and info["config"]["data"]["dir"] == folder
+    assert info["data"]["format"] == "llm.c shards v1 (GPT-2)"
+    assert info["data"]["tokens"] == {"train": 800, "val": 400}
+    assert info["data"]["files"] == {"train": 2, "val": 1}
+    assert seen["wandb_config"]["data_info"]["vocab_size"] == 50_257
+    assert seen["wandb_config"]["model"]["vocab_size"] == 50_257
+    saved = torch.load(run / "checkpoints" / "ckpt_00000000.pt", weights_only=True)["config"]
+    assert saved["model"]["vocab_size"] == 50_257 and saved["data"]["dir"] == folder
+    startup = next(r.getMessage() for r in caplog.records if "parameters, world" in r.getMessage())
+    assert ("data llm.c shards v1 (GPT-2), 2 train + 1 val files, 800 train / 400 val tokens, "
+            "vocabulary 50257 (llm.c header version 1 (GPT-2))") in startup, startup
