@@ -194,6 +194,14 @@ class Layout:
         per = self.buckets[b].buffer.numel() // self.shards
         return self.shard_index * per, (self.shard_index + 1) * per
 
+    def gradients(self) -> list[torch.Tensor]:
+        """Each bucket's gradients (its buffer without padding and flags): the whole averaged
+        gradient, when unsharded."""
+        if self.shards > 1:
+            raise RuntimeError("with shard_optimizer each rank holds only its shard of the gradients: "
+                               "use ShardedOptimizer.grad_norm() / clip_grad_norm_()")
+        return [b.buffer[: sum(b.numels)] for b in self.buckets]
+
     def order(self) -> list[int]:
         """Parameter indices in bucket order."""
         return [i for b in self.buckets for i in b.param_ids]

@@ -92,12 +92,11 @@ class DistributedDataParallel(nn.Module):
     ):
         super().__init__()
         compress = None if compress in ("none", "None", "") else compress
-        checks.check_arguments(reduce_op, compress, bucket_cap_mb)
+        checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
+                               find_unused_parameters)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,
-                                         delay_all_reduce_named_params, param_to_hook_all_reduce,
-                                         mixed_precision)
-        if shard_optimizer:
-            checks.check_shardable(compress, algorithm, find_unused_parameters)
+                                               delay_all_reduce_named_params, param_to_hook_all_reduce,
+                                               mixed_precision)
         checks.check_not_wrapped(module, DistributedDataParallel)
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
@@ -108,23 +107,12 @@ class DistributedDataParallel(nn.Module):
         self.shard_optimizer = shard_optimizer  # ZeRO-1: see minddp.zero.ShardedOptimizer
         self.find_unused_parameters = find_unused_parameters
         self.broadcast_buffers, self.overlap, self.reduce_op = broadcast_buffers, overlap, reduce_op
-
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.names = [n for n, _ in named]  # the trainable parameters, in the engine's indexing
-        self.params = [p for _, p in named]
-        self.module_buffers = list(module.buffers())
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        checks.check_same_model(module, self.names, self.process_group)
-        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
-            broadcast_coalesced([p.detach() for p in module.parameters()], self.process_group, self.src_rank)
-            broadcast_coalesced(self.module_buffers, self.process_group, self.src_rank)
+        self._replicate(module, init_sync)
 
         reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
         self.reduction = make_reduction(reducer, compress, shard_optimizer, self.params)
         self.observer = observer_for(self.device, overlap)
         self.layout: Layout | None = None
-        self._specs = [TensorSpec.of(p) for p in self.params]
         self._build_layout(list(reversed(range(len(self.params)))))
         self.rebuilt = False  # buckets are rebuilt once, after the first iteration
         self._attach_hooks(module)
@@ -135,6 +123,19 @@ class DistributedDataParallel(nn.Module):
         self._reduced_since_forward = False  # a second backward of one forward is an error
         self._callback_queued = False
         self._ready_order: list[int] = []
+
+    def _replicate(self, module: nn.Module, init_sync: bool) -> None:
+        """The trainable parameters in the engine's indexing; the same model on every rank."""
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self._specs = [TensorSpec.of(p) for p in self.params]
+        self.module_buffers = list(module.buffers())
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        checks.check_same_model(module, self.names, self.process_group)
+        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
+            broadcast_coalesced([p.detach() for p in module.parameters()], self.process_group, self.src_rank)
+            broadcast_coalesced(self.module_buffers, self.process_group, self.src_rank)
 
     def _attach_hooks(self, module: nn.Module) -> None:
         # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
@@ -281,14 +282,7 @@ class DistributedDataParallel(nn.Module):
                     elif grad_was_none:
                         self.params[i].grad = None
         elif flags.any():
-            names = [self.names[i] for i in flags.nonzero().flatten().tolist()]
-            here = [self.names[i] for i, r in enumerate(self._ready) if not r]
-            raise RuntimeError(
-                f"minddp: {len(names)} parameter(s) received no gradient on at least one rank "
-                f"in this iteration: {names} (on this rank: {here}). Every rank stopped here. "
-                "Fix: make these parameters take part in the loss on every rank, freeze them "
-                "with requires_grad_(False) if they are not trained, or wrap the model with "
-                "find_unused_parameters=True.")
+            checks.unused_parameters_error(self.names, flags, self._ready)
 
     def rebuild(self, ready_order: list[int]) -> None:
         """Once: re-bucket by rank 0's observed gradient-ready order (broadcast: a collective)."""
@@ -318,12 +312,8 @@ class DistributedDataParallel(nn.Module):
 
     def join(self, divide_by_initial_world_size: bool = True):
         """Uneven inputs (torch's `Join`): wrap the training loop; a rank that runs out of data
-        keeps shadowing the others' collectives (zeros for its gradients) until every rank is
-        done, then all ranks take the parameters of the rank that finished last (minddp.join).
-
-        Gradients are averaged over the initial world size (torch's default) or, with
-        divide_by_initial_world_size=False, over the ranks still training.
-        """
+        shadows the others' collectives until every rank is done (minddp.join). Gradients are
+        averaged over the initial world size, or over the ranks still training."""
         return _join.join(self, divide_by_initial_world_size)
 
     def register_comm_hook(self, state, hook) -> None:
@@ -334,17 +324,11 @@ class DistributedDataParallel(nn.Module):
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of every gradient, read from the flat bucket buffers: one kernel per bucket
         instead of one per parameter, no host sync. Valid after a synchronised backward."""
-        return gradnorm.grad_norm(self._grad_buffers())
+        return gradnorm.grad_norm(self.layout.gradients())
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """`torch.nn.utils.clip_grad_norm_` over the flat buffers; returns the norm before clipping."""
-        return gradnorm.clip_grad_norm_(self._grad_buffers(), max_norm)
-
-    def _grad_buffers(self) -> list[torch.Tensor]:
-        if self.shard_optimizer:
-            raise RuntimeError("with shard_optimizer each rank holds only its shard of the gradients: "
-                               "use ShardedOptimizer.grad_norm() / clip_grad_norm_()")
-        return [b.buffer[: sum(b.numels)] for b in self.layout.buckets]
+        return gradnorm.clip_grad_norm_(self.layout.gradients(), max_norm)
 
     def remove_hooks(self) -> None:
         """Detach this wrapper from the module (also done when the wrapper is garbage-collected)."""

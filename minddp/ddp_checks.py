@@ -50,7 +50,8 @@ def check_same_model(module: nn.Module, trainable: list[str], group) -> None:
                     "on every rank before wrapping it.")
 
 
-def check_arguments(reduce_op, compress, bucket_cap_mb) -> None:
+def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
+                    find_unused_parameters) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "minddp.DistributedDataParallel needs an initialised process group: "
@@ -61,6 +62,8 @@ def check_arguments(reduce_op, compress, bucket_cap_mb) -> None:
     if compress not in BUILTIN_HOOKS:
         raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
     bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
+    if shard_optimizer:
+        check_shardable(compress, algorithm, find_unused_parameters)
 
 
 def torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,
@@ -124,3 +127,15 @@ def _describe(entry) -> str:
         return f"trainable parameters {list(entry[1])}"
     kind, name, shape, dtype = entry
     return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"
+
+
+def unused_parameters_error(names: list[str], flags, ready: list[bool]) -> None:
+    """Raised on every rank when the usage flags say some rank left parameters unused."""
+    unused = [names[i] for i in flags.nonzero().flatten().tolist()]
+    here = [names[i] for i, r in enumerate(ready) if not r]
+    raise RuntimeError(
+        f"minddp: {len(unused)} parameter(s) received no gradient on at least one rank "
+        f"in this iteration: {unused} (on this rank: {here}). Every rank stopped here. "
+        "Fix: make these parameters take part in the loss on every rank, freeze them "
+        "with requires_grad_(False) if they are not trained, or wrap the model with "
+        "find_unused_parameters=True.")
