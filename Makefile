@@ -40,8 +40,9 @@ sweep: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# the inner loop (< 2 min): no subprocess, torchrun or build (MINDDP_TEST_FAST=1 refuses them)
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	MINDDP_TEST_FAST=1 $(BIN)/python -m pytest -q -m "not slow"
 
 # Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md

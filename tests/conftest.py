@@ -40,6 +40,21 @@ def _no_subprocess_in_test_fast(request, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """Every matplotlib figure saved during the test, to check a plot against its data."""
+    from matplotlib.figure import Figure
+
+    figures, save = [], Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        figures.append(fig)
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figures
+
+
 def env_for(run_dir, **extra):
     """The environment of a launched job writing to run_dir."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",

@@ -2,8 +2,8 @@
 
 import errno
 import json
+import os
 import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -36,10 +36,25 @@ def test_collective_mismatch_names_ranks_and_both_calls():
         assert "OpType=ALLREDUCE, TensorShape=[4]" in text and "OpType=BROADCAST, TensorShape=[8]" in text
 
 
-def test_minddp_never_patches_torch_distributed(tmp_path):
-    originals = {n: getattr(dist, n) for n in ("all_reduce", "broadcast", "barrier", "all_gather")}
+FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+
+
+def test_configure_turns_on_torchs_recorder_and_never_overrides_an_export(tmp_path, monkeypatch):
+    for name in FR_VARS:  # set then deleted, so that monkeypatch restores the original state
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    flight_recorder.configure(0, tmp_path)  # train.flight_recorder=0: nothing set
+    assert not any(name in os.environ for name in FR_VARS) and not flight_recorder.recording()
     flight_recorder.configure(100, tmp_path)
-    assert all(getattr(dist, n) is f for n, f in originals.items())
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "100" and flight_recorder.recording()
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight_recorder" / "rank")
+    assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert (tmp_path / "flight_recorder").is_dir()  # nccl's watchdog may write there before any dump
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "7")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/elsewhere/fr")
+    flight_recorder.configure(2000, tmp_path / "other")
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "7"
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/elsewhere/fr"
 
 
 # ------------------------------------------------- torch's flight recorder
@@ -61,12 +76,18 @@ def _hang(rank, world_size, run_dir):
     return "done"
 
 
-def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path, monkeypatch):
+def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")  # the forked ranks start torch's recorder
     assert multiproc.run(_hang, 2, str(tmp_path), timeout=60) == ["timed out", "done"]
     assert {p.name for p in (tmp_path / "flight_recorder").iterdir()} == {"rank0", "rank1"}
-    out = subprocess.run([sys.executable, "-m", "minddp", "debug", str(tmp_path)], capture_output=True,
-                         text=True, check=True).stdout
+    from minddp.tools import main as minddp_cli
+
+    monkeypatch.setattr("sys.argv", ["minddp"])  # the dispatcher hands the tool its own argv
+    with pytest.raises(SystemExit) as usage:  # `minddp debug` without a run dir: usage, exit 2
+        minddp_cli(["debug"])
+    assert usage.value.code == 2
+    minddp_cli(["debug", str(tmp_path)])  # what `minddp debug <run dir>` prints, in-process
+    out = capsys.readouterr().out
     assert "ranks [0] are in #4 all_reduce(float32, shape [5]); ranks [1] never called it" in out, out
     assert "rank 1: last #3 all_reduce(float32, shape [3]): never called #4, which ranks [0] are waiting in" \
         in out, out

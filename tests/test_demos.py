@@ -26,6 +26,7 @@ def test_demo(name, world_size):
     multiproc.run(_demo, world_size, name, timeout=90)
 
 
+@pytest.mark.slow
 def test_cli_under_torchrun_and_help():
     p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=4", "-m", "minddp.demos",
                         "collectives"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -37,6 +38,7 @@ def test_cli_under_torchrun_and_help():
         assert name in h.stdout
 
 
+@pytest.mark.slow
 def test_wheel_carries_every_subpackage(tmp_path):
     """A non-editable install has minddp.demos too (package discovery, not a fixed list)."""
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",

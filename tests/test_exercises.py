@@ -31,6 +31,7 @@ def test_every_exercise_has_a_command():
     assert len(COMMANDS) >= 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command,expected", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_exercise_command(command, expected):
     words = command.split()

@@ -131,8 +131,12 @@ def test_llmc_shards_train(tmp_path):
     write_llmc(d / "fineweb_train_000002.bin", stream[9000:20000])
     write_llmc(d / "fineweb_val_000000.bin", stream[20000:])
     run_train(tmp_path / "run", *TOK, "data=tokens", f"data.dir={d}", "model.vocab_size=64",
-              "train.max_steps=4", nproc=2)
-    assert len(metrics(tmp_path / "run")) == 4
+              "train.max_steps=6", nproc=2)
+    rows = metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[0]["loss"] == pytest.approx(np.log(64), abs=0.15)  # untrained: uniform over 64 ids
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3, rows  # it learns the shards' stream
+    assert rows[-1]["val_loss"] < rows[0]["loss"] - 0.3  # evaluated on the val shard, learned too
 
 
 @pytest.mark.slow
@@ -189,6 +193,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         assert s.stdout.startswith("the quick") and len(s.stdout) > len("the quick") + 5, s.stdout
 
 
+@pytest.mark.slow  # a subprocess: the CLI's exit code and stderr
 @pytest.mark.slow  # a subprocess: the CLI's exit code and stderr
 @pytest.mark.parametrize("setup,message", [
     (lambda p: p.write_text(""), "holds no text"),

@@ -1,6 +1,7 @@
 """End to end: the real CLI under `python` and `torchrun`, reading what the runs wrote."""
 
 import json
+import math
 import struct
 
 import pytest
@@ -157,8 +158,7 @@ def test_overlap_timeline_of_one_step(tmp_path):
     run_train(tmp_path / "run", *SMALL, "train.max_steps=3", "train.trace_step=2",
               "ddp.bucket_cap_mb=0.01", nproc=2)
     trace = json.loads((tmp_path / "run" / "trace_step2.json").read_text())["traceEvents"]
-    # the PNG: only that it was drawn (its content is this JSON's spans, checked below)
-    assert (tmp_path / "run" / "trace_step2.png").stat().st_size > 10_000
+    assert_png_draws_the_trace(tmp_path / "run" / "trace_step2.png", trace, tmp_path / "redrawn.png")
     for rank in (0, 1):
         mine = [e for e in trace if e["pid"] == f"rank {rank}"]
         names = {e["name"] for e in mine}
@@ -170,11 +170,33 @@ def test_overlap_timeline_of_one_step(tmp_path):
         assert bwd["ts"] <= min(e["ts"] for e in buckets) <= bwd["ts"] + bwd["dur"]
 
 
+def assert_png_draws_the_trace(png, trace, redrawn):
+    """The PNG is the drawing of the JSON beside it: redraw the JSON's spans, compare pixels."""
+    import matplotlib.image
+
+    from minddp.train.steptrace import render
+
+    ranks = 1 + max(int(e["pid"].removeprefix("rank ")) for e in trace)
+    per_rank, labels = [{"compute": [], "comm": []} for _ in range(ranks)], set()
+    for e in trace:
+        label, lane = e["tid"].rsplit(": ", 1)
+        labels.add(label)
+        per_rank[int(e["pid"].removeprefix("rank "))][lane].append(
+            (e["name"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6))
+    (label,) = labels
+    render({label: per_rank}, str(redrawn))
+    got, want = matplotlib.image.imread(png), matplotlib.image.imread(redrawn)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert (abs(got - want) > 0.1).mean() < 2e-4  # the same picture (one bucket moved: ~1e-3)
+
+
 def test_bf16_autocast_trains(tmp_path):
-    run_train(tmp_path / "run", *SMALL, "train.max_steps=4", "train.bf16=true", nproc=2)
-    rows = metrics(tmp_path / "run")
-    assert all(r["loss"] is not None for r in rows)
-    assert rows[-1]["loss"] < rows[0]["loss"] - 0.05  # learning in bf16, not just finite
+    run_train(tmp_path / "bf16", *SMALL, "train.max_steps=8", "train.bf16=true", nproc=2)
+    run_train(tmp_path / "fp32", *SMALL, "train.max_steps=8", nproc=2)
+    bf16, fp32 = ([r["loss"] for r in metrics(tmp_path / d)] for d in ("bf16", "fp32"))
+    assert bf16[0] == pytest.approx(math.log(256), abs=0.1)  # untrained: uniform over 256 tokens
+    assert bf16[-1] < bf16[0] - 0.4, bf16  # it learns (5.56 -> 5.01 in 8 steps), not just stays finite
+    assert bf16 != fp32 and bf16 == pytest.approx(fp32, abs=0.02)  # bf16 was used, and tracks fp32
 
 
 def test_multirun_jobs_share_one_sweep_dir_by_default(tmp_path):

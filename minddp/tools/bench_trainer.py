@@ -41,7 +41,7 @@ def make_trainer(extra: list[str], run_dir: str) -> Trainer:
     import pathlib
 
     register()
-    conf = str(pathlib.Path(__file__).resolve().parents[1] / "conf")
+    conf = str(pathlib.Path(__file__).resolve().parents[2] / "conf")  # the repository's conf/
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose("config", overrides=WORKLOAD + extra)
     trainer = Trainer(cfg, run_dir)

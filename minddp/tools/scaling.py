@@ -28,7 +28,7 @@ from pathlib import Path
 from ..costmodel import PRESETS, Calibration, predict_ddp_comm
 from .cli import pyplot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, outputs/
 MODEL = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=128",
          "train.global_batch_size=8", "train.micro_batch_size=2", "data=synthetic"]
 
