@@ -1,56 +1,398 @@
-"""Peak resident memory per rank, DDP against ZeRO-1, in separate processes (make bench).
+"""Peak memory per rank, as a user measures it: one training setup (same GPT, batch and
+AdamW) under each data-parallel configuration, each in its own `torchrun` job.
 
-    minddp bench-memory [--append docs/bench_ddp.md]
+    minddp bench-memory [--models gpt-10.8M,gpt-50M] [--dp 2,3] [--out docs/bench_memory]
 
-One process cannot separate the peaks of configurations it interleaves, so this runs
-`train.py` twice on the bench's GPT (2 ranks, 8 steps, AdamW), with and without
-`ddp.shard_optimizer=true`, and reads `mem/peak_rss_mb` (the largest rank's) from each run.
+Configurations (CONFIGS): `local` (no wrapper: each rank trains alone, the reference),
+torch DDP with default arguments, torch DDP with `gradient_as_bucket_view=True`, minddp DDP,
+minddp `shard_optimizer` (ZeRO-1 via `minddp.ShardedOptimizer`), torch DDP with
+`torch.distributed.optim.ZeroRedundancyOptimizer`, and minddp with `optimizer_overlap` when
+the engine has that option (detected from its signature; absent, the row says so).
+
+What is measured, one code path, the device decides:
+- CPU: the peak resident set (VmHWM) minus the resident set right after the imports (torch,
+  minddp): at that point the worker resets the kernel's high-water mark (`/proc/self/clear_refs`,
+  5), so the peak is this run's own; where the kernel refuses, `ru_maxrss` (lifetime peak).
+- CUDA: `torch.cuda.max_memory_allocated` (the caching allocator's live tensors, from 0).
+Peaks are read after the model is built, after wrap + optimizer, and after every step; the
+largest rank's figure is reported. Beside each, what the configuration holds by construction
+(parameters P, gradients, buckets, optimizer states), computed from the parameter sizes.
+Writes <out>.md and <out>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=128",
-        "train.global_batch_size=8", "train.micro_batch_size=4", "data=synthetic", "train.max_steps=8",
-        "train.eval_every=0", "train.ckpt_every=0", "wandb.mode=disabled", "ddp.bucket_cap_mb=25"]
+MODELS = {  # GPTConfig fields; vocab 256 (bytes)
+    "gpt-10.8M": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128},
+    "gpt-50M": {"n_layer": 7, "n_head": 12, "n_embd": 768, "block_size": 128},
+    "gpt-tiny": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16},  # the tests'
+}
+CONFIGS = {  # name -> what it is
+    "local": "no wrapper, each rank trains alone (reference)",
+    "torch-ddp": "torch DDP, default arguments",
+    "torch-ddp-view": "torch DDP, gradient_as_bucket_view=True",
+    "minddp-ddp": "minddp DDP, default arguments",
+    "minddp-zero1": "minddp DDP(shard_optimizer=True) + minddp.ShardedOptimizer",
+    "torch-zero": "torch DDP + ZeroRedundancyOptimizer",
+    "minddp-overlap": "minddp DDP(optimizer_overlap=True)",
+}
+# what each configuration holds per rank, in units of P (the fp32 parameter bytes); the
+# optimizer states are AdamW's exp_avg + exp_avg_sq = 2P, divided by dp where sharded
+HOLDS = {
+    "local": (1, 1, 0, False, "params P, grads P, states 2P"),
+    "torch-ddp": (1, 1, 1, False, "params P, grads P, buckets P, states 2P"),
+    "torch-ddp-view": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
+    "minddp-ddp": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
+    "minddp-zero1": (1, 0, 1, True, "params P (flat buffers), grads = bucket views P, states 2P/dp"),
+    "torch-zero": (1, 1, 1, True, "params P, grads P, buckets P, states 2P/dp"),
+    "minddp-overlap": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
+}
+BATCH, STEPS, LR = 2, 3, 1e-4
 
 
-def peak_rss_mb(sharded: bool, nproc: int = 2) -> float:
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    cmd = [torchrun, "--standalone", f"--nproc_per_node={nproc}", str(ROOT / "train.py"), *ARGS,
-           f"ddp.shard_optimizer={str(sharded).lower()}"]
-    env = {**os.environ, "MINDDP_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"minddp.tools.bench_memory: train.py failed:\n{p.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows[-1]["mem/peak_rss_mb"]
+def modeled_bytes(config: str, param_bytes: int, dp: int) -> dict:
+    """Bytes one rank holds by construction: parameters, separate gradients, bucket buffers
+    (the gradients themselves where they are bucket views), AdamW's two states (/dp sharded)."""
+    params, grads, buckets, sharded, _ = HOLDS[config]
+    states = 2 * param_bytes / (dp if sharded else 1)
+    parts = {"params": params * param_bytes, "grads": grads * param_bytes,
+             "buckets": buckets * param_bytes, "states": states}
+    return {**parts, "total": sum(parts.values())}
+
+
+def has_optimizer_overlap() -> bool:
+    from ..ddp import DistributedDataParallel
+
+    return "optimizer_overlap" in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+# ------------------------------------------------------------------ the worker (one rank)
+class PeakMeter:
+    """Peak memory since construction: VmHWM (reset at start) or ru_maxrss on CPU, the
+    allocator's max_memory_allocated on CUDA."""
+
+    def __init__(self):
+        self.device = None
+        self.reset = _reset_hwm()
+        self.baseline = _rss_bytes()
+        self.method = "VmHWM - RSS after import" if self.reset else "ru_maxrss - RSS after import"
+
+    def on(self, device) -> None:
+        import torch
+
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline, self.method = torch.cuda.memory_allocated(device), "cuda max_memory_allocated"
+
+    def peak(self) -> int:
+        """Bytes above the baseline at the highest point so far."""
+        import torch
+
+        if self.device is not None and self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+        return _hwm_bytes(self.reset) - self.baseline
+
+    def absolute(self) -> int:
+        return self.peak() + self.baseline
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux >= 4.0: VmHWM := VmRSS
+        return True
+    except OSError:
+        return False
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+
+
+def _rss_bytes() -> int:
+    try:
+        return _status_kb("VmRSS:") * 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _hwm_bytes(reset: bool) -> int:
+    if reset:
+        return _status_kb("VmHWM:") * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build(config: str, model, device):
+    """(module to call, optimizer) for one configuration; the same AdamW everywhere."""
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    from ..ddp import DistributedDataParallel as DDP
+    from ..zero import ShardedOptimizer
+
+    kw = {"lr": LR, "weight_decay": 0.1, "fused": device.type in ("cpu", "cuda")}
+    ids = [device.index] if device.type == "cuda" else None
+    if config == "local":
+        return model, torch.optim.AdamW(model.parameters(), **kw)
+    if config in ("torch-ddp", "torch-ddp-view", "torch-zero"):
+        wrapped = TorchDDP(model, device_ids=ids, gradient_as_bucket_view=config == "torch-ddp-view")
+        if config == "torch-zero":
+            return wrapped, ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, **kw)
+        return wrapped, torch.optim.AdamW(model.parameters(), **kw)
+    if config == "minddp-zero1":
+        wrapped = DDP(model, device_ids=ids, shard_optimizer=True)
+        return wrapped, ShardedOptimizer(wrapped, torch.optim.AdamW, **kw)
+    if config == "minddp-overlap":
+        wrapped = DDP(model, device_ids=ids, optimizer_overlap=True)
+        return wrapped, torch.optim.AdamW(model.parameters(), **kw)
+    return DDP(model, device_ids=ids), torch.optim.AdamW(model.parameters(), **kw)
+
+
+def state_bytes(opt) -> int:
+    """Bytes of optimizer state tensors this rank holds (ShardedOptimizer: its inner one)."""
+    import torch
+
+    inner = getattr(opt, "optim", opt)
+    return sum(t.nbytes for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor))
+
+
+def _warm_up_optimizer() -> None:
+    """The first AdamW built and stepped imports its machinery (about 70 MB of code here):
+    common to every configuration, so done before the baseline."""
+    import torch
+
+    p = torch.nn.Parameter(torch.ones(8))
+    p.grad = torch.ones(8)
+    torch.optim.AdamW([p], fused=True).step()
+
+
+def worker(config: str, model_name: str, steps: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.optim  # noqa: F401  every module any configuration uses, before
+    import torch.nn.functional as F  # the baseline: imports are code, not the configuration's
+
+    from ..dist import exit_worker
+    from ..train.model import GPT, GPTConfig
+    from ..zero import ShardedOptimizer  # noqa: F401
+    from .cli import start
+
+    _warm_up_optimizer()
+    meter = PeakMeter()  # the baseline: the resident set right after the imports
+    info = start("auto")
+    meter.on(info.device)
+    marks = {"init": meter.peak()}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**MODELS[model_name])).to(info.device)
+    marks["model"] = meter.peak()
+    wrapped, opt = build(config, model, info.device)
+    marks["wrap"] = meter.peak()
+    block = MODELS[model_name]["block_size"]
+    g = torch.Generator().manual_seed(info.rank)
+    for s in range(steps):
+        x = torch.randint(0, 256, (BATCH, block + 1), generator=g).to(info.device)
+        logits = wrapped(x[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        marks[f"step{s + 1}"] = meter.peak()
+    mine = {"rank": info.rank, "marks": marks, "peak": meter.peak(), "absolute": meter.absolute(),
+            "baseline": meter.baseline, "states": state_bytes(opt), "method": meter.method,
+            "device": str(info.device),
+            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    ranks = [None] * info.world_size
+    dist.all_gather_object(ranks, mine)
+    if info.rank == 0:
+        Path(out).write_text(json.dumps(ranks))
+    dist.destroy_process_group()
+    exit_worker()
+
+
+# ------------------------------------------------------------- the driver (separate jobs)
+def run_config(config: str, model_name: str, dp: int, steps: int) -> dict:
+    """One torchrun job of `dp` ranks; the per-rank figures, or the error it ended with."""
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        result = Path(tmp) / "ranks.json"
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        cmd = [torchrun, "--standalone", f"--nproc_per_node={dp}", "-m", "minddp", "bench-memory",
+               "--worker", config, "--model", model_name, "--steps", str(steps), "--result", str(result)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        row = {"config": config, "model": model_name, "dp": dp}
+        if p.returncode or not result.exists():
+            tail = [line for line in p.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            return {**row, "error": f"exit {p.returncode}: {tail[0][:200]}"}
+        return {**row, "ranks": json.loads(result.read_text())}
+
+
+def largest(row: dict, key: str) -> float:
+    return max(r[key] for r in row["ranks"])
+
+
+MB = 1e6
+
+
+def phases(row: dict) -> str:
+    """The largest rank's high-water mark after each phase, e.g. '18 / 61 / 61 / 290 / 338'."""
+    top = max(row["ranks"], key=lambda x: x["peak"])
+    return " / ".join(f"{v / MB:.0f}" for v in top["marks"].values())
+
+
+def config_table(rows: list[dict]) -> list[str]:
+    lines = ["| dp | configuration | holds (modeled) | modeled (MB) | states measured (MB) "
+             "| wrap + optimizer raised the peak by (MB) | peak (MB) | peak - modeled (MB) "
+             "| peak absolute (MB) | high-water after init / model / wrap / each step (MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        what = HOLDS[r["config"]][4]
+        if "error" in r or "skipped" in r:
+            lines.append(f"| {r['dp']} | {r['config']} | {what} | - | - | - | "
+                         f"{r.get('error') or r.get('skipped')} | - | - | - |")
+            continue
+        p = r["ranks"][0]["param_bytes"]
+        model = modeled_bytes(r["config"], p, r["dp"])["total"]
+        wrap = max(x["marks"]["wrap"] - x["marks"]["model"] for x in r["ranks"])
+        peak = largest(r, "peak")
+        lines.append(f"| {r['dp']} | {r['config']} | {what} | {model / MB:.0f} | "
+                     f"{largest(r, 'states') / MB:.0f} | {wrap / MB:.0f} | {peak / MB:.0f} | "
+                     f"{(peak - model) / MB:+.0f} | {largest(r, 'absolute') / MB:.0f} | {phases(r)} |")
+    return lines
+
+
+def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
+    """Issue 23: ZeRO-1's peak below DDP's by >= 80% of the optimizer state it saves."""
+    by = {r["config"]: r for r in rows if "ranks" in r}
+    if plain not in by or sharded not in by:
+        return None
+    saved = largest(by[plain], "states") - largest(by[sharded], "states")
+    lowered = largest(by[plain], "peak") - largest(by[sharded], "peak")
+    return {"saved": saved, "lowered": lowered, "peak_plain": largest(by[plain], "peak"),
+            "peak_sharded": largest(by[sharded], "peak"),
+            "fraction": lowered / saved if saved else float("nan"), "pass": lowered >= 0.8 * saved > 0}
+
+
+def criteria_tables(results: list[dict]) -> list[str]:
+    lines = ["ZeRO-1 lowers the peak (issue 23: by at least 80% of the optimizer state it saves):", "",
+             "| model | dp | sharding | states saved (MB) | unsharded peak (MB) | sharded peak (MB) "
+             "| lowered by (MB) | lowered / saved | >= 0.8 |", "|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["model"], r["dp"]) for r in results}, key=lambda k: (list(MODELS).index(k[0]), k[1]))
+    for m, dp in keys:
+        rows = [r for r in results if (r["model"], r["dp"]) == (m, dp)]
+        pairs = (("minddp ZeRO-1 vs minddp DDP", "minddp-ddp", "minddp-zero1"),
+                 ("torch ZeroRedundancyOptimizer vs torch DDP", "torch-ddp", "torch-zero"))
+        for label, plain, sharded in pairs:
+            c = zero_criterion(rows, plain, sharded)
+            if c:
+                lines.append(f"| {m} | {dp} | {label} | {c['saved'] / MB:.0f} | {c['peak_plain'] / MB:.0f} | "
+                             f"{c['peak_sharded'] / MB:.0f} | {c['lowered'] / MB:.0f} | "
+                             f"{c['fraction']:.2f} | {'pass' if c['pass'] else 'FAIL'} |")
+    lines += ["", "minddp DDP at or below torch DDP's default (issue 23):", "",
+              "| model | dp | torch DDP default (MB) | torch DDP bucket view (MB) | minddp DDP (MB) "
+              "| minddp <= torch default |", "|---|---|---|---|---|---|"]
+    for m, dp in keys:
+        by = {r["config"]: r for r in results if (r["model"], r["dp"]) == (m, dp) and "ranks" in r}
+        if {"torch-ddp", "minddp-ddp"} <= set(by):
+            t, mm = largest(by["torch-ddp"], "peak"), largest(by["minddp-ddp"], "peak")
+            v = f"{largest(by['torch-ddp-view'], 'peak') / MB:.0f}" if "torch-ddp-view" in by else "-"
+            lines.append(f"| {m} | {dp} | {t / MB:.0f} | {v} | {mm / MB:.0f} | "
+                         f"{'pass' if mm <= t else 'FAIL'} |")
+    return lines
+
+
+def engine_version() -> str:
+    """The commit measured, and whether the engine had uncommitted changes (a shared tree)."""
+    root = Path(__file__).resolve().parents[2]
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
+                                    text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "minddp")
+    return head + (" + uncommitted changes under minddp/" if dirty else "")
+
+
+def report(results: list[dict], steps: int, version: str = "") -> str:
+    ok = next((r for r in results if "ranks" in r), None)
+    method = ok["ranks"][0]["method"] if ok else "-"
+    device = ok["ranks"][0]["device"] if ok else "-"
+    lines = ["# Peak memory per rank (`make bench-memory`)", "",
+             f"Command: `minddp bench-memory`. Each row is its own `torchrun` job of dp ranks "
+             f"({device}, 1 thread per rank): the same GPT, batch {BATCH} x block tokens per rank, "
+             f"fused AdamW (weight decay 0.1), {steps} steps; minddp at {version or 'unknown'}. "
+             f"Peak = {method}, the largest rank's. "
+             "`holds (modeled)` is what the configuration keeps by construction, P = the fp32 "
+             "parameter bytes; `peak - modeled` is what it holds beyond that: activations, "
+             "temporaries, allocator slack and copies (compare with the `local` row, which has no "
+             "wrapper). `wrap + optimizer raised the peak by` is how far the high-water mark rose "
+             "while the wrapper and the optimizer were built (a second copy of the parameters shows "
+             "there). Peak memory does not depend on the machine's load: one run per row.", ""]
+    for m in MODELS:
+        rows = [r for r in results if r["model"] == m]
+        if not rows:
+            continue
+        p = next((r["ranks"][0]["param_bytes"] for r in rows if "ranks" in r), 0)
+        lines += [f"## {m}: {p / 4 / 1e6:.1f}M parameters, P = {p / MB:.0f} MB, AdamW states 2P = "
+                  f"{2 * p / MB:.0f} MB", "", *config_table(rows), ""]
+    return "\n".join(lines + criteria_tables(results)) + "\n"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="minddp bench-memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--append", help="append the table to this markdown file")
+    ap.add_argument("--models", default="gpt-10.8M,gpt-50M", help=f"of {', '.join(MODELS)}")
+    ap.add_argument("--dp", default="2,3", help="data-parallel sizes (ranks per job)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--out", default="docs/bench_memory", help="writes OUT.md and OUT.json")
+    ap.add_argument("--reuse", metavar="JSON", help="re-render the report of an earlier OUT.json")
+    ap.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="gpt-10.8M", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    plain, sharded = peak_rss_mb(False), peak_rss_mb(True)
-    table = "\n".join([
-        "", "Peak resident memory of the largest rank (`minddp bench-memory`: `train.py`, "
-        "same GPT, 2 ranks, 8 steps, fused AdamW; separate processes):", "",
-        "| configuration | peak RSS per rank (MB) |", "|---|---|",
-        f"| minddp DDP | {plain:.0f} |", f"| minddp shard_optimizer (ZeRO-1) | {sharded:.0f} |"])
-    print(table)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write(table + "\n")
+    if args.worker:
+        return worker(args.worker, args.model, args.steps, args.result)
+    if args.reuse:
+        old = json.loads(Path(args.reuse).read_text())
+        return write(old["rows"], args, old.get("version", ""))
+    models, configs = args.models.split(","), args.configs.split(",")
+    bad = [x for x in models if x not in MODELS] + [x for x in configs if x not in CONFIGS]
+    if bad:
+        raise SystemExit(f"minddp bench-memory: unknown {', '.join(bad)}; models: {', '.join(MODELS)}; "
+                         f"configs: {', '.join(CONFIGS)}")
+    results = []
+    for m in models:
+        for dp in (int(d) for d in args.dp.split(",")):
+            for c in configs:
+                if c == "minddp-overlap" and not has_optimizer_overlap():
+                    results.append({"config": c, "model": m, "dp": dp,
+                                    "skipped": "the engine has no optimizer_overlap option yet"})
+                    continue
+                print(f"bench-memory: {m}, dp {dp}, {c} ...", flush=True)
+                results.append(run_config(c, m, dp, args.steps))
+    write(results, args, engine_version())
+
+
+def write(results: list[dict], args, version: str) -> None:
+    text = report(results, args.steps, version)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".md").write_text(text)
+    Path(args.out + ".json").write_text(json.dumps({"version": version, "rows": results}, indent=1) + "\n")
+    failed = [r for r in results if "error" in r]
+    if failed:
+        which = "; ".join(f"{r['model']} dp {r['dp']} {r['config']}: {r['error']}" for r in failed)
+        raise SystemExit(f"minddp bench-memory: {len(failed)} configuration(s) failed: {which}")
 
 
 if __name__ == "__main__":
