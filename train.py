@@ -26,10 +26,13 @@ from minddp.train.config import ConfigError, register, validate
 from minddp.train.trainer import Trainer
 
 register()
+_entered_main = False  # False when Hydra fails before main runs: its own config error
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    global _entered_main
+    _entered_main = True
     run_dir = HydraConfig.get().runtime.output_dir
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     try:
@@ -43,14 +46,40 @@ def main(cfg: DictConfig) -> None:
         shutdown()
         sys.exit(2)
     except BaseException as e:  # everything else: this rank's own report, and the flight recorder
-        where = flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
-        hint = f"\n[rank {rank}] flight recorder: {where}; minddp debug {run_dir}" if where else ""
-        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}{hint}", file=sys.stderr, flush=True)
+        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        report_flight_recorder(rank, run_dir, e)
         raise
     finally:
         shutdown()
 
 
-if __name__ == "__main__":
-    main()  # errors raise (and exit non-zero) before the line below
+def report_flight_recorder(rank, run_dir, e: BaseException) -> None:
+    """Dump the recorder after the error line is out: a dump that fails too (a full disk)
+    must not hide why the rank stopped."""
+    try:
+        where = flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
+    except Exception as d:  # noqa: BLE001
+        print(f"[rank {rank}] flight recorder: no dump ({type(d).__name__}: {d})", file=sys.stderr,
+              flush=True)
+        return
+    if where:
+        print(f"[rank {rank}] flight recorder: {where}; minddp debug {run_dir}", file=sys.stderr, flush=True)
+
+
+def run() -> None:
+    """main(), with Hydra's own errors (unknown key, wrong type, bad override) as exit code 2:
+    Hydra prints them and exits 1 before main runs."""
+    try:
+        main()  # errors raise (and exit non-zero) before the line below
+    except SystemExit as e:
+        if e.code == 1 and not _entered_main:
+            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+            print(f"[rank {rank}] minddp: configuration error (Hydra's message above)", file=sys.stderr,
+                  flush=True)
+            sys.exit(2)
+        raise
     exit_worker()
+
+
+if __name__ == "__main__":
+    run()

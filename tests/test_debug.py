@@ -181,6 +181,9 @@ def test_truncated_checkpoint_is_named_and_the_previous_one_used(tmp_path):
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     run_train(tmp_path / "run", *ARGS, "train.max_steps=2")
     p = run_train(tmp_path / "run", *ARGS, "train.resume=auto", "model.n_embd=32", check=False)
+    assert p.returncode == 2 and "model.n_embd: 64 -> 32" in p.stderr  # the config check, first
+    p = run_train(tmp_path / "run", *ARGS, "train.resume=auto", "model.n_embd=32", "train.resume_force=true",
+                  check=False)
     assert p.returncode == 2 and "was written by a different model" in p.stderr
 
 

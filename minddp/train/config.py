@@ -8,6 +8,7 @@ world size (batch divisibility, mesh layout) are in `validate()`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -85,6 +86,7 @@ class TrainConfig:
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
     resume: str = "none"  # none | auto | <path to a checkpoint>
+    resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
     peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table, or measured on CPU
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
@@ -225,9 +227,24 @@ def validate(cfg, world_size: int) -> dict:
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist: give a text file or a folder")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
-    for problem in _setting_problems(cfg):
+    for problem in [*_non_finite(cfg), *_setting_problems(cfg)]:
         raise ConfigError(problem)
     return {"dims": dims, "accum": t.global_batch_size // per_step}
+
+
+def _non_finite(cfg) -> list[str]:
+    """Every float setting, wherever it is: NaN or inf is never a valid value (`x <= 0` and
+    `x < lo` checks let NaN through, and inf passes them)."""
+    def walk(node, key):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from walk(v, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            yield f"{key}={node} is not a finite number: give a finite value"
+    return list(walk(OmegaConf.to_container(cfg, resolve=True), ""))
 
 
 def _setting_problems(cfg):
@@ -235,7 +252,7 @@ def _setting_problems(cfg):
     from ..comm_hooks import ALGORITHMS
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
-    if d.bucket_cap_mb is not None and d.bucket_cap_mb <= 0:
+    if d.bucket_cap_mb is not None and not d.bucket_cap_mb > 0:
         yield f"ddp.bucket_cap_mb must be positive (or null for torch's default), got {d.bucket_cap_mb}"
     if d.compress not in (None, "none", "fp16", "bf16"):
         yield f"ddp.compress must be null, fp16 or bf16, got {d.compress!r}"
@@ -257,9 +274,9 @@ def _setting_problems(cfg):
         yield "model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1"
     if m.name == "gpt" and not 0 <= m.dropout < 1:
         yield f"model.dropout must be in [0, 1), got {m.dropout}"
-    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
+    if not (o.lr > 0 and 0 <= o.min_lr <= o.lr):
         yield f"optim.lr must be > 0 and 0 <= optim.min_lr <= optim.lr, got lr={o.lr}, min_lr={o.min_lr}"
-    if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
+    if not (o.warmup_steps >= 0 and o.grad_clip >= 0 and o.weight_decay >= 0):
         yield "optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0"
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
         yield f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}"
@@ -267,14 +284,16 @@ def _setting_problems(cfg):
         yield f"train.log_every must be >= 1, got {t.log_every}"
     if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder) < 0:
         yield "train.eval_every, train.ckpt_every, train.check_every and train.flight_recorder must be >= 0"
-    if t.timeout_s <= 0 or t.init_timeout_s <= 0:
+    if not (t.timeout_s > 0 and t.init_timeout_s > 0):
         yield "train.timeout_s and train.init_timeout_s must be > 0"
+    if not t.fault_sleep_s >= 0:
+        yield f"train.fault_sleep_s must be >= 0, got {t.fault_sleep_s}"
     if t.device not in ("auto", "cpu", "cuda"):
         yield f"train.device must be auto, cpu or cuda, got {t.device!r}"
     if t.profile_steps is not None and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0]
                                         <= t.profile_steps[1]):
         yield f"train.profile_steps must be [first, last] with 1 <= first <= last, got {t.profile_steps}"
-    if t.peak_tflops is not None and t.peak_tflops <= 0:
+    if t.peak_tflops is not None and not t.peak_tflops > 0:
         yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
     if data.name == "tokens":
         if not data.dir or not os.path.isdir(data.dir):

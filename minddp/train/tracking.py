@@ -32,6 +32,14 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if has_key else "offline"
 
 
+def _parse_row(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def _json_safe(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
@@ -62,11 +70,18 @@ class Tracker:
                         disable=not self.interactive)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop rows logged after the checkpoint: they will be logged again."""
+        """On resume, drop rows logged after the checkpoint: they will be logged again. A line
+        a crash tore (a full disk mid-write) is dropped and reported, never fatal."""
         if not self.metrics_path.exists():
             return
-        rows = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        rows = []
+        for n, line in enumerate(self.metrics_path.read_text(errors="replace").splitlines(), 1):
+            row = _parse_row(line)
+            if row is None and line.strip():
+                log.warning(f"{self.metrics_path}: dropped line {n}, torn by an interrupted write: "
+                            f"{line[:80]!r}")
+            elif row is not None and row.get("step", 0) <= step:
+                rows.append(line)
         atomic_write(self.metrics_path, "".join(r + "\n" for r in rows))
 
     def log(self, row: dict) -> None:

@@ -32,7 +32,7 @@ from ..ddp import DistributedDataParallel
 from ..dist import init_distributed
 from ..mesh import Mesh
 from ..zero import ShardedOptimizer
-from . import checkpoint, consistency, flight_recorder, flops, steptrace
+from . import checkpoint, consistency, flight_recorder, flops, resume_check, steptrace
 from .atomic import atomic_write
 from .config import validate
 from .data import ShardedBatches, collate, load_data, record_in_config
@@ -112,6 +112,7 @@ class Trainer:
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
         self.ckpt_path, state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device)
+        resume_notes = self._check_resume(state)
         self._load_model(state)
         self.ddp = self._wrap(self.model)
         self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp)
@@ -120,11 +121,25 @@ class Trainer:
         self.start = self._load_training_state(state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
+        for note in resume_notes:  # what changed since the checkpoint, in the start-up output
+            self.tracker.info(note)
         self._window, self.skipped = [], 0
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
+
+    def run_config(self) -> dict:
+        """The configuration a checkpoint saves, and a resume compares against."""
+        return OmegaConf.to_container(self.cfg, resolve=True)
+
+    def _check_resume(self, state) -> list[str]:
+        """Refuse changed settings that break an exact resume; list the applied ones. Every
+        rank holds the same state and config, so all decide alike (no collective)."""
+        if not state:
+            return []
+        return resume_check.check(state.get("config"), self.run_config(), self.t.resume_force,
+                                  self.ckpt_path)
 
     def _build_model(self) -> torch.nn.Module:
         cfg, mesh = self.cfg, self.mesh
@@ -396,14 +411,23 @@ class Trainer:
         opt_state = tp.full_optimizer_state(self.opt, self.model, mesh.tp_group, mesh.tp_size)
         rng = [None] * self.info.world_size
         dist.all_gather_object(rng, rng_state(self.info.device))
+        failure, error = [None], None
         if self.info.is_main:
             epoch, pos = self.batches.position(step)
-            path = checkpoint.save(self.run_dir, step, {
-                "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
-                "step": step, "epoch": epoch, "position_in_epoch": pos,
-                "samples_seen": self.batches.samples_seen(step), "rng": rng,
-                "config": OmegaConf.to_container(self.cfg, resolve=True)})
-            self.tracker.info(f"saved {path}")
+            try:
+                path = checkpoint.save(self.run_dir, step, {
+                    "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
+                    "step": step, "epoch": epoch, "position_in_epoch": pos,
+                    "samples_seen": self.batches.samples_seen(step), "rng": rng,
+                    "config": self.run_config()})
+                self.tracker.info(f"saved {path}")
+            except Exception as e:  # noqa: BLE001 - every rank stops with it, none waits for rank 0
+                failure, error = [f"{type(e).__name__}: {e}"], e
+        dist.broadcast_object_list(failure, src=0)
+        if error is not None:
+            raise error
+        if failure[0]:
+            raise checkpoint.CheckpointWriteError(f"rank 0 could not save step {step}: {failure[0]}")
 
     def load(self, path) -> int:
         """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
@@ -434,10 +458,23 @@ class Trainer:
     def _load_training_state(self, state) -> int:
         if not state:
             return 0
+        inner = getattr(self.opt, "optim", self.opt)
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
         tp.load_full_optimizer_state(self.opt, state["optimizer"], self.mesh.tp_size, self.mesh.tp_rank)
-        self.sched.load_state_dict(state["scheduler"])
+        for group, mine in zip(inner.param_groups, settings):  # this run's optim.*, not the saved ones
+            group.update(mine)
+        self._restore_schedule(state["scheduler"]["last_epoch"])
         set_rng_state(state["rng"][self.info.rank % len(state["rng"])], self.info.device)
         return state["step"]
+
+
+    def _restore_schedule(self, position: int) -> None:
+        """Only the position comes from the checkpoint; the schedule is this run's optim.* and
+        max_steps (LambdaLR's saved state would bring back the old optim.lr)."""
+        self.sched.last_epoch = position
+        factor = lr_factor(position, self.cfg.optim, self.t.max_steps)
+        for group, base in zip(getattr(self.opt, "optim", self.opt).param_groups, self.sched.base_lrs):
+            group["lr"] = base * factor
 
 
 def write_run_info(run_dir: str, info: dict) -> None:

@@ -1,0 +1,69 @@
+"""Resume checks the configuration: the saved one (in every checkpoint) against the new one.
+
+Keys that decide which samples each step sees and what the model is (so that a resumed run
+equals an uninterrupted one) must not change: REFUSED, unless train.resume_force=true.
+Everything else (max_steps, logging, evaluation, the lr schedule and optimizer settings,
+micro-batch size, layout, engine settings) may change: it is applied and listed.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+
+# seed: weights, dropout and the sampler's order; model.*: the network (block_size: the
+# windows); the global batch: samples per step; data.*: the samples themselves
+REFUSED = ("seed", "model.", "train.global_batch_size", "data.")
+ALLOWED = ("data.cache_dir",)  # where the tokenised text is cached, not what it is
+NOT_LISTED = ("train.resume", "train.resume_force", "train.stop_at_step", "train.fault_")
+PATHS = ("data.path", "data.dir")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _same(key: str, a, b) -> bool:
+    if key in PATHS and isinstance(a, str) and isinstance(b, str):
+        return a == b or os.path.realpath(a) == os.path.realpath(b)
+    return a == b
+
+
+def _matches(key: str, prefixes) -> bool:
+    return any(key == p or (p[-1] in "._" and key.startswith(p)) for p in prefixes)
+
+
+def changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(refused, applied): one `key: old -> new` line per changed key. A key only one side has
+    (another minddp version's schema) is applied, never refused."""
+    old, new = flatten(saved), flatten(current)
+    refused, applied = [], []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if _same(key, a, b) or _matches(key, NOT_LISTED):
+            continue
+        line = f"{key}: {a!r} -> {b!r}"
+        both = key in old and key in new
+        (refused if both and _matches(key, REFUSED) and not _matches(key, ALLOWED) else applied).append(line)
+    return refused, applied
+
+
+def check(saved: dict | None, current: dict, force: bool, path) -> list[str]:
+    """Raise ConfigError naming every refused change (unless force); return the lines to report."""
+    if saved is None:
+        return [f"{path} holds no saved configuration (older minddp): settings not compared"]
+    refused, applied = changes(saved, current)
+    if refused and not force:
+        raise ConfigError(
+            f"resuming from {path} with settings that change the run (a resumed run must equal an "
+            "uninterrupted one):\n  " + "\n  ".join(refused) + "\nUse the saved values, start a new run "
+            "directory, or set train.resume_force=true to resume anyway")
+    return ([f"changed on resume (train.resume_force=true): {line}" for line in refused]
+            + [f"changed on resume, applied: {line}" for line in applied])
