@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check lint clean
+.PHONY: install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -48,7 +48,12 @@ test-fast: install
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
 bench: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp --out docs/bench_ddp.md
-	$(BIN)/minddp bench-memory --append docs/bench_ddp.md
+	$(MAKE) bench-memory
+
+# peak memory per rank, each configuration its own torchrun job (torch DDP, minddp DDP, ZeRO-1,
+# ZeroRedundancyOptimizer, ...; 10.8M and 50M GPT, dp 2 and 3): docs/bench_memory.{md,json}
+bench-memory: install
+	$(BIN)/minddp bench-memory --out docs/bench_memory
 
 # The trainer's step against a bare torch-DDP loop and a nanoGPT-style loop; docs/bench_trainer.md
 bench-trainer: install
@@ -64,7 +69,7 @@ bench-debug: install
 bench-collectives: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all -e 64MiB $(ARGS)
 
-# alpha-beta fit, contention and the engine's per-bucket cost for the cost model: docs/calibration.json
+# alpha-beta fit, contention, the engine's per-bucket cost and completion floor: docs/calibration.json
 calibrate: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all_reduce -e 64MiB \
 	  --calibrate docs/calibration.json
@@ -78,9 +83,10 @@ report: install
 timeline: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
 
-# the trainer over world sizes and bucket caps: docs/scaling.{md,png}
+# the trainer over world sizes and bucket caps, 3 rotated runs each, ZeRO-1 (and the optimizer
+# overlap, where the trainer has it) beside DDP at world 2: docs/scaling.{md,png}
 scaling: install
-	$(BIN)/minddp scaling $(ARGS)
+	$(BIN)/minddp scaling --repeats 3 --variants auto $(ARGS)
 
 # on a CUDA machine (< 5 min): demos, minddp == torch DDP on CUDA, 50 bf16 trainer steps with MFU,
 # the nccl collective table; one verdict per line, logs under gpu_check/ (no CUDA: says so, exits 0)

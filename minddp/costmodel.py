@@ -141,6 +141,9 @@ class Calibration:
     fabric: Fabric
     overhead_per_bucket_s: float = 0.0  # the engine's launch + hooks + wait, per bucket
     contention: float = 1.0  # all-reduce slowdown while the same cores compute (>= 1)
+    # completion floor: a bucket that finishes under backward counts as in flight until the
+    # engine notices (a callback that needs the GIL backward holds), measured at world 1
+    floor_per_bucket_s: float = 0.0
 
     @classmethod
     def load(cls, path) -> "Calibration":
@@ -149,31 +152,40 @@ class Calibration:
         with open(path) as f:
             c = json.load(f)
         fab = Fabric(c["alpha"], c["beta"], f"measured by minddp.bench --calibrate ({path})")
-        return cls(fab, c.get("overhead_per_bucket_s", 0.0), c.get("contention", {}).get("factor", 1.0))
+        return cls(fab, c.get("overhead_per_bucket_s", 0.0), c.get("contention", {}).get("factor", 1.0),
+                   c.get("floor", {}).get("per_bucket_s", 0.0))
+
+
+# the collective one bucket costs, per engine variant: DDP all-reduces; ZeRO-1 reduce-scatters
+# in backward (its all-gather runs after the step, under the next forward)
+BUCKET_OPS = {"all_reduce": ring_all_reduce_time, "reduce_scatter": reduce_scatter_time}
 
 
 def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, backward_s: float = 0.0,
-                     overlap: bool = True) -> dict:
+                     overlap: bool = True, op: str = "all_reduce") -> dict:
     """Busy time (at least one bucket in flight) and exposed time of one step's gradient
-    reduction: a ring all-reduce per bucket, slowed by `contention` when it runs under
+    reduction: one collective per bucket (`op`: a ring all-reduce, or ZeRO-1's reduce-scatter),
+    slowed by `contention` and held in flight by the completion floor when it runs under
     backward (every bucket but the last), plus the engine's per-bucket cost; exposed is what
     does not fit under backward, and at least the last bucket, which can only start when
     backward ends."""
     if world <= 1 or not bucket_bytes:
         return {"busy_s": 0.0, "exposed_s": 0.0, "buckets": len(bucket_bytes)}
-    f = cal.fabric
-    # buckets launched under backward share the cores with it; the last one is launched when
-    # backward ends (it holds the first layers' gradients) and runs alone
+    f, cost = cal.fabric, BUCKET_OPS[op]
+    # buckets launched under backward share the cores with it and wait to be noticed; the
+    # last one is launched when backward ends (it holds the first layers' gradients) and the
+    # end-of-backward wait notices it at once
     last = len(bucket_bytes) - 1
-    slow = [cal.contention if overlap and k < last else 1.0 for k in range(len(bucket_bytes))]
-    per = [ring_all_reduce_time(b, world, f.alpha, f.beta) * c + cal.overhead_per_bucket_s
-           for b, c in zip(bucket_bytes, slow)]
+    under = [overlap and k < last for k in range(len(bucket_bytes))]
+    per = [cost(b, world, f.alpha, f.beta) * (cal.contention if u else 1.0) + cal.overhead_per_bucket_s
+           + (cal.floor_per_bucket_s if u else 0.0) for b, u in zip(bucket_bytes, under)]
     busy = sum(per)
     exposed = max(per[-1], busy - backward_s) if overlap else busy
     # communication under backward on shared cores takes its CPU from backward: of its busy
     # time, the fraction 1 - 1/contention is added to the step (0 with dedicated cores)
-    under = sum(per[:-1]) if overlap else 0.0
-    stolen = min(under, backward_s) * (1 - 1 / cal.contention) if cal.contention > 1 else 0.0
+    # (the floor is waiting, not work: it steals nothing)
+    shared = sum(p - cal.floor_per_bucket_s for p in per[:-1]) if overlap else 0.0
+    stolen = min(shared, backward_s) * (1 - 1 / cal.contention) if cal.contention > 1 else 0.0
     return {"busy_s": busy, "exposed_s": exposed, "stolen_s": stolen, "cost_s": exposed + stolen,
             "buckets": len(bucket_bytes)}
 

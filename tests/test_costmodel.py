@@ -127,7 +127,9 @@ def _calibrate(rank, world_size, path):
     from minddp.tools.bench import write_calibration
 
     rows = run_op("all_reduce", [2**k for k in range(12, 22, 3)], torch.float32, warmup=1, iters=5)
-    return write_calibration(path, rows, world_size, torch.device("cpu"))
+    tiny = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}  # the floor, quickly: 0.4 MB
+    return write_calibration(path, rows, world_size, torch.device("cpu"),
+                             floor={"model_cfg": tiny, "cap_mb": 0.05})
 
 
 def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
@@ -136,6 +138,8 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     cal = cm.Calibration.load(path)  # written by rank 0, read back
     assert cal.fabric.alpha == cal_dict["alpha"] and cal.fabric.beta == cal_dict["beta"]
     assert cal.contention >= 1.0 and cal.overhead_per_bucket_s > 0
+    assert cal.floor_per_bucket_s == cal_dict["floor"]["per_bucket_s"] > 0
+    assert cal_dict["floor"]["buckets"] > 1  # measured over several buckets at world 1
     a, b = cal.fabric.alpha, cal.fabric.beta
     ring = lambda m: cm.ring_all_reduce_time(m, 2, a, b)  # noqa: E731
     # one bucket: launched when backward ends, so no contention; plus the engine's cost
@@ -144,7 +148,8 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     # two buckets: the first runs under backward, slowed by contention, and takes CPU from it
     two = cm.predict_ddp_comm([4e6, 1e6], 2, cal, backward_s=1.0)
     first = ring(4e6) * cal.contention + cal.overhead_per_bucket_s
-    assert two["busy_s"] == pytest.approx(first + ring(1e6) + cal.overhead_per_bucket_s)
+    floor = cal.floor_per_bucket_s  # held in flight until noticed: under backward only
+    assert two["busy_s"] == pytest.approx(first + floor + ring(1e6) + cal.overhead_per_bucket_s)
     assert two["exposed_s"] == pytest.approx(ring(1e6) + cal.overhead_per_bucket_s)  # the last bucket
     assert two["stolen_s"] == pytest.approx(first * (1 - 1 / cal.contention))
 
@@ -157,3 +162,51 @@ def test_bucket_advice_charges_for_each_bucket():
     # with contention on shared cores, few large buckets win (what make bench measures here)
     assert cm.best_bucket_mb(10.8e6, 4, 2, 300e-6, 1.4e9, 0.27, calibration=costly)[0] >= 25
     assert cm.bucket_bytes(43e6, 25, 0.43e6)[0] >= 25 * 2**20  # torch's rule: at least the cap
+
+
+def _cal(floor=0.0, contention=1.0, overhead=0.0):
+    return cm.Calibration(cm.Fabric(400e-6, 1e9, "x"), overhead, contention, floor)
+
+
+def test_completion_floor_holds_every_bucket_under_backward_but_the_last():
+    sizes, a, b = [2e6, 2e6, 2e6, 1e6], 400e-6, 1e9
+    base = cm.predict_ddp_comm(sizes, 2, _cal(), backward_s=1.0)
+    floored = cm.predict_ddp_comm(sizes, 2, _cal(floor=3e-3), backward_s=1.0)
+    assert base["busy_s"] == pytest.approx(sum(cm.ring_all_reduce_time(s, 2, a, b) for s in sizes))
+    assert floored["busy_s"] - base["busy_s"] == pytest.approx(3 * 3e-3)  # 3 under backward
+    assert floored["exposed_s"] == base["exposed_s"]  # the last bucket is noticed at once
+    # without overlap every bucket is launched after backward, by the waiting thread: no floor
+    flat = cm.predict_ddp_comm(sizes, 2, _cal(floor=3e-3), backward_s=1.0, overlap=False)
+    assert flat["busy_s"] == pytest.approx(base["busy_s"])
+    # the floor is waiting, not work: it takes no CPU from backward
+    c = _cal(floor=3e-3, contention=2.0)
+    assert cm.predict_ddp_comm(sizes, 2, c, 1.0)["stolen_s"] == pytest.approx(
+        cm.predict_ddp_comm(sizes, 2, _cal(contention=2.0), 1.0)["stolen_s"])
+
+
+def test_zero1_variant_reduce_scatters_each_bucket():
+    sizes, a, b = [4e6, 1e6], 400e-6, 1e9
+    z = cm.predict_ddp_comm(sizes, 3, _cal(floor=2e-3), backward_s=1.0, op="reduce_scatter")
+    assert z["busy_s"] == pytest.approx(cm.reduce_scatter_time(4e6, 3, a, b) + 2e-3
+                                        + cm.reduce_scatter_time(1e6, 3, a, b))
+    # half an all-reduce's latency and bandwidth terms
+    d = cm.predict_ddp_comm(sizes, 3, _cal(), backward_s=1.0)
+    assert cm.predict_ddp_comm(sizes, 3, _cal(), 1.0, op="reduce_scatter")["busy_s"] == pytest.approx(
+        d["busy_s"] / 2)
+
+
+def test_calibration_without_a_floor_still_loads(tmp_path):
+    import json
+
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"alpha": 4e-4, "beta": 1e9, "contention": {"factor": 1.5}}))
+    cal = cm.Calibration.load(path)
+    assert cal.floor_per_bucket_s == 0.0 and cal.contention == 1.5
+
+
+def test_the_floor_moves_bucket_advice_to_fewer_buckets():
+    # the floor is paid per bucket under backward: with it, small caps stop paying off
+    args = (10.8e6, 4, 2, 400e-6, 1e9, 0.27)
+    free = cm.best_bucket_mb(*args, calibration=_cal(), tensor_bytes=0.4e6)[0]
+    floored = cm.best_bucket_mb(*args, calibration=_cal(floor=3e-3, contention=1.9), tensor_bytes=0.4e6)[0]
+    assert floored > free

@@ -19,7 +19,9 @@ alpha and beta, and writes all of it as JSON for `minddp costmodel --calibration
 and `minddp scaling`:
 - contention: a 4 MB all-reduce timed alone and while this rank runs matmuls (as it does
   during backward); where communication shares cores with compute, the ratio is > 1;
-- the engine's CPU cost per bucket (launch, hooks, wait), with communication stubbed out.
+- the engine's CPU cost per bucket (launch, hooks, wait), with communication stubbed out;
+- the per-bucket completion floor: the engine at world 1 (each rank in a group of one) on
+  make scaling's GPT, busy time per bucket launched under backward (`completion_floor`).
 """
 
 from __future__ import annotations
@@ -176,11 +178,48 @@ def engine_overhead_per_bucket(device) -> float:
     return max(0.0, per_bucket_cost(base, x, reps=10)["minddp"][0])
 
 
-def write_calibration(path, rows, n, device) -> dict:
+# make scaling's GPT and micro-batch: the floor depends on how backward holds the GIL
+FLOOR_MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128}
+
+
+def completion_floor(device, model_cfg=None, batch: int = 2, cap_mb: float = 1.0, reps: int = 4) -> dict:
+    """The per-bucket completion floor at world 1: each rank runs the engine alone in a group of
+    one (all ranks at once, as they share the cores at world 2), so nothing crosses a wire, and
+    the busy time per bucket launched under backward is what noticing completions costs (a
+    callback that needs the GIL backward holds). The last bucket is launched when backward
+    ends and is noticed at once: it is not counted."""
+    import torch.nn.functional as F
+
+    from ..ddp import DistributedDataParallel
+    from ..train.model import GPT, GPTConfig
+
+    cfg = model_cfg or FLOOR_MODEL
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes each
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(GPT(GPTConfig(**cfg)).to(device), process_group=groups[dist.get_rank()],
+                                  bucket_cap_mb=cap_mb)
+    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
+    per, buckets = [], 0
+    for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
+        F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        s = ddp.comm_stats
+        buckets = s.num_collectives
+        if r >= 2 and buckets > 1:
+            per.append(s.busy_s / (buckets - 1))
+        ddp.zero_grad(set_to_none=True)
+    t = torch.tensor([statistics.median(per) if per else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    return {"per_bucket_s": t.item(), "buckets": buckets, "cap_mb": cap_mb, "batch": batch, "model": cfg}
+
+
+def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
+    """alpha and beta from `rows`, then contention, engine cost and the completion floor
+    (`floor`: completion_floor's arguments, for a quicker measurement in tests)."""
     alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
     cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta,
            "contention": contention_factor(device),
-           "overhead_per_bucket_s": engine_overhead_per_bucket(device)}
+           "overhead_per_bucket_s": engine_overhead_per_bucket(device),
+           "floor": completion_floor(device, **(floor or {}))}
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(cal, f, indent=1)
@@ -230,7 +269,8 @@ def main(argv=None) -> None:
         if rank == 0:
             print(f"\n# calibration -> {args.calibrate}: alpha {cal['alpha'] * 1e6:.1f} us, beta "
                   f"{cal['beta'] / 1e9:.3f} GB/s, contention x{cal['contention']['factor']:.2f}, engine "
-                  f"{cal['overhead_per_bucket_s'] * 1e6:.0f} us per bucket")
+                  f"{cal['overhead_per_bucket_s'] * 1e6:.0f} us per bucket, completion floor "
+                  f"{cal['floor']['per_bucket_s'] * 1e3:.2f} ms per bucket under backward")
     bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
         print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")
