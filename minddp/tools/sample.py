@@ -2,24 +2,38 @@
 
     minddp sample outputs/2026-11-30/12-00-00 --prompt "import " --tokens 200
     minddp sample path/to/ckpt_00000200.pt --prompt "ROMEO:" --temperature 0.8 --top-k 40
+    minddp sample outputs/gpt2-run --prompt-ids 50256 --data /new/place/of/the/shards
 
 Takes a run directory (its newest checkpoint) or a checkpoint file. The model comes from
-the config saved in the checkpoint; the tokenizer from the data it trained on: raw bytes
-(data=text, or a folder prepared with --tokenizer bytes), the BPE `tokenizer.json` that
-`minddp prepare` saved beside the token files, or nanoGPT's `meta.pkl` itos/stoi.
+the config saved in the checkpoint; the tokenizer from the data folder it trained on
+(data.dir as saved, absolute; --data overrides it), the first of:
+  tokenizer.json  {"type": "bytes", "vocab_size": 256}: ids are raw bytes (minddp prepare
+                  --tokenizer bytes); anything else is a Hugging Face `tokenizers` file
+                  (minddp prepare --tokenizer bpe writes one; GPT-2's from the Hub works too)
+  meta.pkl        nanoGPT's dict: vocab_size, and itos/stoi for character-level data
+and raw bytes for data=text. Without any of them (llm.c's GPT-2 shards come without one)
+the ids themselves are printed, with a note saying which file would turn them into text.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
+from ..errors import ConfigError
 from ..train import checkpoint
 from ..train.tokens import read_meta
+
+KNOWN_VOCABS = {50_257: "GPT-2", 50_304: "GPT-2 (padded)", 128_256: "llama-3"}
+
+
+class SampleError(ValueError):
+    """The run or its data cannot be used as given: exit code 2, naming the file."""
 
 
 class Codec:
@@ -29,46 +43,96 @@ class Codec:
         self.encode, self.decode, self.name = encode, decode, name
 
     @classmethod
-    def for_data(cls, data_cfg: dict) -> "Codec":
-        if data_cfg.get("name") == "tokens":
-            folder = Path(data_cfg["dir"])
-            tok_file = folder / "tokenizer.json"
-            if tok_file.exists():
-                spec = json.loads(tok_file.read_text())
-                if spec.get("type") != "bytes":
-                    from tokenizers import Tokenizer
+    def bytes(cls) -> "Codec":
+        return cls(lambda s: list(s.encode()), lambda ids: bytes(ids).decode("utf-8", errors="replace"),
+                   "bytes")
 
-                    tok = Tokenizer.from_file(str(tok_file))
-                    return cls(lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), "bpe")
-            else:
-                meta = read_meta(folder)
-                if "stoi" in meta and "itos" in meta:  # nanoGPT's character-level datasets
-                    stoi, itos = meta["stoi"], meta["itos"]
-                    return cls(lambda s: [stoi[c] for c in s if c in stoi],
-                               lambda ids: "".join(itos[i] for i in ids), "chars (meta.pkl)")
-                raise SystemExit(f"minddp.tools.sample: no tokenizer.json or meta.pkl itos in {folder}: "
-                                 "cannot turn text into these token ids")
-        return cls(lambda s: list(s.encode()),
-                   lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes")
+    @classmethod
+    def for_folder(cls, folder: Path) -> "Codec | None":
+        """The codec of a token folder's tokenizer.json or meta.pkl; None if it has neither."""
+        tok_file = folder / "tokenizer.json"
+        if tok_file.is_file():
+            return cls._from_tokenizer_json(tok_file)
+        try:
+            meta = read_meta(folder)
+        except ConfigError as e:
+            raise SampleError(str(e)) from None
+        if "stoi" in meta and "itos" in meta:  # nanoGPT's character-level datasets
+            stoi, itos = meta["stoi"], meta["itos"]
+            return cls(lambda s: [stoi[c] for c in s if c in stoi],
+                       lambda ids: "".join(itos.get(i, "\ufffd") for i in ids), "chars (meta.pkl)")
+        if meta.get("tokenizer") == "bytes":
+            return cls.bytes()
+        return None
+
+    @classmethod
+    def _from_tokenizer_json(cls, path: Path) -> "Codec":
+        try:
+            spec = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SampleError(f"{path} is not JSON ({e}): re-run minddp prepare, or remove it") from None
+        if isinstance(spec, dict) and spec.get("type") == "bytes":
+            return cls.bytes()
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception on a bad file
+            raise SampleError(f"{path} is neither minddp's bytes marker nor a Hugging Face tokenizers "
+                              f"file ({e})") from None
+        return cls(lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), "bpe (tokenizer.json)")
 
 
-def load(target) -> tuple[torch.nn.Module, dict]:
-    """The model of a run directory's newest checkpoint (or of one checkpoint file), and its config."""
+def data_folder(data_cfg: dict, run_dir: Path, override: str | None) -> Path:
+    """The folder the run trained on: --data, else data.dir as saved (absolute since minddp
+    records it so; an older run's relative one is tried from here and above the run dir)."""
+    if override:
+        if not Path(override).is_dir():
+            raise SampleError(f"--data {override} is not a folder")
+        return Path(override)
+    saved = Path(data_cfg["dir"])
+    bases = [Path.cwd()] if saved.is_absolute() else [Path.cwd(), run_dir, *run_dir.parents]
+    for base in bases:
+        if (base / saved).is_dir():
+            return base / saved
+    where = "" if saved.is_absolute() else f" (tried from {Path.cwd()} and from {run_dir} upwards)"
+    raise SampleError(f"the data folder this run trained on, {str(saved)!r} (data.dir in its saved config), "
+                      f"does not exist{where}: pass --data DIR where its tokenizer.json or meta.pkl now is")
+
+
+def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | None, str]:
+    """(codec or None, a note for stderr when the ids cannot become text)."""
+    if cfg["data"].get("name") != "tokens":
+        return Codec.bytes(), ""
+    folder = data_folder(cfg["data"], run_dir, override)
+    codec = Codec.for_folder(folder)
+    if codec is not None:
+        return codec, ""
+    vocab = cfg["model"].get("vocab_size")
+    kind = f"{KNOWN_VOCABS[vocab]} token ids" if vocab in KNOWN_VOCABS else f"token ids (vocabulary {vocab})"
+    return None, (f"minddp sample: {folder / 'tokenizer.json'} and a meta.pkl with itos are missing, so "
+                  f"these {kind} cannot be turned into text; printing the ids. Put the tokenizer's "
+                  "tokenizer.json there (GPT-2's: the Hugging Face Hub's gpt2/tokenizer.json) to see text")
+
+
+def load(target) -> tuple[torch.nn.Module, dict, Path]:
+    """The model of a run directory's newest checkpoint (or of one checkpoint file), its config
+    and its run directory."""
     from ..train.trainer import build_model
 
     target = Path(target)
     path = target if target.is_file() else checkpoint.latest(target)
     if path is None:
-        raise SystemExit(f"minddp.tools.sample: no checkpoint under {target}/checkpoints")
+        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a .pt file)")
     state = checkpoint.load(path, "cpu")
     if "config" not in state:
-        raise SystemExit(f"minddp.tools.sample: {path} has no saved config (written by an older minddp)")
+        raise SampleError(f"{path} has no saved config (written by an older minddp)")
     cfg = state["config"]
     weights = state["model"]
     vocab = next(v.shape[0] for k, v in weights.items() if k in ("tok_emb.weight", "emb.weight"))
     model = build_model(_Cfg(cfg["model"]), vocab)
     model.load_state_dict(weights)
-    return model.eval(), cfg
+    return model.eval(), cfg, path.parent.parent
 
 
 class _Cfg(dict):
@@ -95,22 +159,44 @@ def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k
     return x[0, len(ids or [0]):].tolist()
 
 
+def prompt_ids(args, codec: Codec | None, cfg: dict) -> list[int]:
+    if args.prompt_ids is not None:
+        return [int(i) for i in args.prompt_ids.replace(",", " ").split()]
+    if codec is not None:
+        return codec.encode(args.prompt)
+    if args.prompt != "\n":
+        raise SampleError("--prompt needs a tokenizer to become ids, and this run's data has none: "
+                          "give --prompt-ids instead")
+    vocab = cfg["model"].get("vocab_size")
+    return [50_256] if vocab in (50_257, 50_304) else [0]  # GPT-2's <|endoftext|>
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="minddp sample", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", help="a run directory or a checkpoint file")
     ap.add_argument("--prompt", default="\n")
+    ap.add_argument("--prompt-ids", default=None, help="the prompt as token ids: '50256' or '1,2,3'")
+    ap.add_argument("--data", default=None, help="the token folder, if it moved since training")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-k", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1337)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    model, cfg = load(args.target)
-    codec = Codec.for_data(cfg["data"])
-    out = generate(model, codec.encode(args.prompt), args.tokens, args.temperature, args.top_k,
-                   cfg["model"]["block_size"])
-    print(args.prompt + codec.decode(out))
+    try:
+        model, cfg, run_dir = load(args.target)
+        codec, note = codec_for(cfg, run_dir, args.data)
+        ids = prompt_ids(args, codec, cfg)
+    except (SampleError, ConfigError) as e:  # ConfigError: a checkpoint that cannot be used
+        print(f"minddp sample: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    out = generate(model, ids, args.tokens, args.temperature, args.top_k, cfg["model"]["block_size"])
+    if codec is None:
+        print(note, file=sys.stderr)
+        print(" ".join(map(str, ids + out)))
+    else:
+        print((args.prompt if args.prompt_ids is None else codec.decode(ids)) + codec.decode(out))
 
 
 if __name__ == "__main__":
