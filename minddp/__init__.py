@@ -3,13 +3,14 @@
 from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from .ddp import DDP, DistributedDataParallel
 from .observer import CommStats
-from .zero import ShardedOptimizer
+from .zero import OverlappedOptimizer, ShardedOptimizer
 
 __all__ = [
     "DDP",
     "CommStats",
     "DistributedDataParallel",
     "GradBucket",
+    "OverlappedOptimizer",
     "ShardedOptimizer",
     "allreduce_hook",
     "bf16_compress_hook",

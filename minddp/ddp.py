@@ -89,11 +89,12 @@ class DistributedDataParallel(nn.Module):
         ranks_per_node: int | None = None,
         strict_bucket_cap: bool = False,
         shard_optimizer: bool = False,
+        optimizer_overlap: bool = False,
     ):
         super().__init__()
         compress = None if compress in ("none", "None", "") else compress
         checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
-                               find_unused_parameters)
+                               find_unused_parameters, optimizer_overlap)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,
                                                delay_all_reduce_named_params, param_to_hook_all_reduce,
                                                mixed_precision)
@@ -105,24 +106,22 @@ class DistributedDataParallel(nn.Module):
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
         self.shard_optimizer = shard_optimizer  # ZeRO-1: see minddp.zero.ShardedOptimizer
-        self.find_unused_parameters = find_unused_parameters
-        self.broadcast_buffers, self.overlap, self.reduce_op = broadcast_buffers, overlap, reduce_op
+        # each bucket's parameters stepped once it is reduced: see minddp.zero.OverlappedOptimizer
+        self.optimizer_overlap, self.post_reduce = optimizer_overlap, None
+        self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
+        self.overlap, self.reduce_op = overlap, reduce_op
         self._replicate(module, init_sync)
-
         reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
         self.reduction = make_reduction(reducer, compress, shard_optimizer, self.params)
         self.observer = observer_for(self.device, overlap)
         self.layout: Layout | None = None
+        self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
         self._build_layout(list(reversed(range(len(self.params)))))
-        self.rebuilt = False  # buckets are rebuilt once, after the first iteration
         self._attach_hooks(module)
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self.uneven: _join.Join | None = None  # inside join()
-        self._expect_sync = False  # this backward must reduce
-        self._reduced_since_forward = False  # a second backward of one forward is an error
-        self._callback_queued = False
-        self._ready_order: list[int] = []
+        self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
 
     def _replicate(self, module: nn.Module, init_sync: bool) -> None:
         """The trainable parameters in the engine's indexing; the same model on every rank."""
@@ -261,6 +260,8 @@ class DistributedDataParallel(nn.Module):
             wire_bytes += self.reduction.finish(b, result)
             if scale is not None:  # averaged over the ranks still training, not the initial world
                 bucket.buffer.mul_(scale)
+            if self.post_reduce is not None:  # e.g. step this bucket's parameters now
+                self.post_reduce(b)
         self.observer.wait_end(wire_bytes)
         self._check_usage_flags()
         if not self.rebuilt:
@@ -328,6 +329,7 @@ class DistributedDataParallel(nn.Module):
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """`torch.nn.utils.clip_grad_norm_` over the flat buffers; returns the norm before clipping."""
+        checks.check_clip(self.optimizer_overlap)
         return gradnorm.clip_grad_norm_(self.layout.gradients(), max_norm)
 
     def remove_hooks(self) -> None:

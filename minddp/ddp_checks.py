@@ -51,7 +51,7 @@ def check_same_model(module: nn.Module, trainable: list[str], group) -> None:
 
 
 def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
-                    find_unused_parameters) -> None:
+                    find_unused_parameters, optimizer_overlap=False) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "minddp.DistributedDataParallel needs an initialised process group: "
@@ -64,6 +64,17 @@ def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorit
     bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
     if shard_optimizer:
         check_shardable(compress, algorithm, find_unused_parameters)
+    if shard_optimizer and optimizer_overlap:
+        raise ValueError("optimizer_overlap does not combine with shard_optimizer: ZeRO-1 steps its shard "
+                         "after backward (ShardedOptimizer.step()); choose one of the two")
+
+
+def check_clip(optimizer_overlap: bool) -> None:
+    if optimizer_overlap:
+        raise RuntimeError(
+            "minddp: clip_grad_norm_ does not combine with optimizer_overlap=True: each bucket's parameters "
+            "were already stepped as soon as it was reduced, before the global gradient norm (which needs "
+            "every bucket) was known. Use optimizer_overlap=False to clip; grad_norm() still reads the norm.")
 
 
 def torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,

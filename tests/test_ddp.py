@@ -510,3 +510,59 @@ def test_second_backward_of_one_forward_raises():
     errors = multiproc.run_expect_errors(_backward_twice, 2, timeout=60)
     for text in errors.values():
         assert "backward ran again" in text
+
+
+# ------------------------------------------------------- optimizer overlap
+def _overlap_step(rank, world_size, opt_name):
+    torch.manual_seed(0)
+    base = MLP(width=37, depth=4)
+    decay = lambda m: [{"params": [p for p in m.parameters() if p.dim() >= 2], "weight_decay": 0.1},  # noqa: E731
+                       {"params": [p for p in m.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    cls, kw = {"adamw": (torch.optim.AdamW, {"lr": 1e-2}),
+               "sgd": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9})}[opt_name]
+    runs = []
+    for overlapped in (False, True):
+        ddp = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.002, optimizer_overlap=overlapped)
+        if overlapped:
+            opt = minddp.OverlappedOptimizer(ddp, cls, decay(ddp.module), **kw)
+        else:
+            opt = cls(decay(ddp.module), **kw)
+        sched = torch.optim.lr_scheduler.LambdaLR(getattr(opt, "optim", opt), lambda s: 1.0 / (1 + s))
+        steps = []
+        for step in range(4):
+            for micro in range(2):  # accumulation: only the synchronised backward steps
+                ddp.require_backward_grad_sync = micro == 1
+                x, y = batch(2 * step + micro, world_size)
+                nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+            if overlapped:
+                assert opt.steps_taken == len(ddp.bucket_assignment) > 1  # one step per bucket, in backward
+            steps.append(ddp.grad_norm())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        runs.append((params_of(ddp), steps, opt.state_dict()))
+    (ref, ref_norms, ref_state), (got, norms, state) = runs
+    for n in ref:  # exactly the ordinary step
+        assert torch.equal(got[n], ref[n]), n
+    assert all(torch.equal(a, b) for a, b in zip(norms, ref_norms))
+    for k, st in ref_state["state"].items():
+        for key, v in st.items():
+            assert torch.equal(state["state"][k][key], v), (k, key)
+    with pytest.raises(RuntimeError, match="clip_grad_norm_ does not combine with optimizer_overlap"):
+        ddp.clip_grad_norm_(1.0)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("opt_name", ["adamw", "sgd"])
+def test_optimizer_overlap_equals_the_ordinary_step(world_size, opt_name):
+    multiproc.run(_overlap_step, world_size, opt_name, timeout=120)
+
+
+def test_optimizer_overlap_refuses_what_it_cannot_keep_exact():
+    def check(rank, world_size):
+        with pytest.raises(ValueError, match="optimizer_overlap does not combine with shard_optimizer"):
+            minddp.DDP(MLP(), shard_optimizer=True, optimizer_overlap=True)
+        with pytest.raises(ValueError, match="optimizer_overlap=True"):
+            minddp.OverlappedOptimizer(minddp.DDP(MLP()), torch.optim.SGD, lr=0.1)
+
+    multiproc.run(check, 2)
