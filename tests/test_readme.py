@@ -59,7 +59,10 @@ def test_every_make_target_the_readme_names_exists():
 
 
 def test_no_old_tool_module_is_given_as_a_command():
-    """The tools moved behind `minddp <tool>`; only the table of what moved names the old ones."""
-    guide = README.split("What moved in", 1)[0] + README.split("are unchanged.", 1)[1]
-    old = re.findall(r"-m minddp\.(?!demos)\w+", guide)
-    assert not old, f"README.md still runs tools by their old module names: {old}"
+    """The tools moved behind `minddp <tool>`; only the table of what moved (old | new) names the
+    old modules."""
+    for line in README.splitlines():
+        if re.search(r"-m minddp\.(?!demos)\w+", line):
+            cells = line.split("|")
+            assert line.startswith("|") and len(cells) > 2 and "minddp " in cells[-2], \
+                f"README.md runs a tool by its old module name: {line}"
