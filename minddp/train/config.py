@@ -115,6 +115,9 @@ class DDPConfig:
     bucket_cap_mb: Optional[float] = None
     strict_bucket_cap: bool = False  # minddp's alternative: a bucket never exceeds the cap
     shard_optimizer: bool = False  # ZeRO-1: optimizer states sharded over dp (reduce-scatter + all-gather)
+    # each bucket's parameters stepped as soon as it is reduced (minddp.OverlappedOptimizer);
+    # needs optim.grad_clip=0 and train.on_nonfinite=stop (no global norm before the step)
+    optimizer_overlap: bool = False
     overlap: bool = True
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
@@ -266,6 +269,12 @@ def _setting_problems(cfg):
     if d.shard_optimizer and d.find_unused_parameters:
         yield ("ddp.shard_optimizer=true does not support ddp.find_unused_parameters=true: "
                "freeze unused parameters instead")
+    if d.optimizer_overlap and d.shard_optimizer:
+        yield "ddp.optimizer_overlap=true does not combine with ddp.shard_optimizer=true: choose one"
+    if d.optimizer_overlap and (o.grad_clip > 0 or t.on_nonfinite == "skip"):
+        yield (f"ddp.optimizer_overlap=true steps each bucket before the global gradient norm is known: "
+               f"set optim.grad_clip=0 (got {o.grad_clip}; clipping needs every bucket first) and "
+               f"train.on_nonfinite=stop (got {t.on_nonfinite}; a step already taken cannot be skipped)")
     if d.reduce_op not in ("avg", "sum"):
         yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):

@@ -31,7 +31,7 @@ from .. import tensor_parallel as tp
 from ..ddp import DistributedDataParallel
 from ..dist import init_distributed
 from ..mesh import Mesh
-from ..zero import ShardedOptimizer
+from ..zero import OverlappedOptimizer, ShardedOptimizer
 from . import checkpoint, consistency, flight_recorder, flops, resume_check, steptrace
 from .atomic import atomic_write
 from .config import validate
@@ -63,6 +63,8 @@ def build_optimizer(model, o, device: torch.device, ddp=None):
               "fused": device.type in ("cpu", "cuda")}  # where torch has the kernel
     if ddp is not None and ddp.shard_optimizer:
         return ShardedOptimizer(ddp, torch.optim.AdamW, groups, **kwargs)
+    if ddp is not None and ddp.optimizer_overlap:  # stepped bucket by bucket inside backward
+        return OverlappedOptimizer(ddp, torch.optim.AdamW, groups, **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
 
 
@@ -157,7 +159,8 @@ class Trainer:
             model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
             find_unused_parameters=d.find_unused_parameters, broadcast_buffers=d.broadcast_buffers,
             overlap=d.overlap, reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm,
-            strict_bucket_cap=d.strict_bucket_cap, shard_optimizer=d.shard_optimizer)
+            strict_bucket_cap=d.strict_bucket_cap, shard_optimizer=d.shard_optimizer,
+            optimizer_overlap=d.optimizer_overlap)
 
     def _setup_throughput(self) -> None:
         """Tokens per step, FLOPs per token and the device peak, for tokens/s, TFLOP/s and MFU."""
