@@ -210,3 +210,21 @@ def test_the_floor_moves_bucket_advice_to_fewer_buckets():
     free = cm.best_bucket_mb(*args, calibration=_cal(), tensor_bytes=0.4e6)[0]
     floored = cm.best_bucket_mb(*args, calibration=_cal(floor=3e-3, contention=1.9), tensor_bytes=0.4e6)[0]
     assert floored > free
+
+
+def test_committed_calibration_agrees_with_make_bench_on_the_bucket_cap():
+    """The advice from docs/calibration.json (make calibrate) for make bench's GPT at world 2 is
+    a cap whose measured step (docs/bench_ddp.md) is within 3% of the fastest one."""
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    rows = re.findall(r"^\| (\d+) \| \d+ / \d+ \| [\d.]+ \| [\d.-]+ \| (\d+) \|$",
+                      (docs / "bench_ddp.md").read_text(), re.M)
+    step_ms = {float(cap): float(ms) for cap, ms in rows}
+    assert set(step_ms) == {1, 5, 25, 100}, rows
+    cal = cm.Calibration.load(docs / "calibration.json")
+    backward = statistics.median(step_ms.values()) / 1e3 * 2 / 3
+    cap, _ = cm.best_bucket_mb(10.8e6, 4, 2, cal.fabric.alpha, cal.fabric.beta, backward,
+                               candidates=sorted(step_ms), calibration=cal, tensor_bytes=43.2e6 / 76)
+    assert step_ms[cap] <= 1.03 * min(step_ms.values()), (cap, step_ms)

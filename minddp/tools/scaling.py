@@ -75,7 +75,9 @@ def run(run_dir: Path, world: int, cap: float, steps: int, group: str, extra: li
 def summarize(run_dir: Path, warmup: int) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
-    return {"step_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
+    load = run_dir / "load.json"
+    return {"load": json.loads(load.read_text())["loadavg_1min"] if load.exists() else None,
+            "step_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
             "busy_s": med("comm/busy_s"), "exposed_s": med("comm/exposed_wait_s"),
             "bytes": rows[-1]["comm/bytes"], "collectives": rows[-1]["comm/collectives"]}
 
@@ -127,6 +129,8 @@ def collect(args, variants, worlds, caps, out_dir: Path, group: str) -> dict:
             if not args.reuse:
                 print(f"repeat {k + 1}/{args.repeats}: {v}, world {w}, bucket cap {c:g} MB ...", flush=True)
                 run(run_dir, w, c, args.steps, group, MODEL + VARIANTS[v] + args.overrides)
+                # the machine's load as the run ended: others share these cores
+                (run_dir / "load.json").write_text(json.dumps({"loadavg_1min": os.getloadavg()[0]}))
             runs.setdefault((v, w, c), []).append(summarize(run_dir, args.warmup))
     return runs
 
@@ -156,11 +160,22 @@ def main(argv=None) -> None:
     runs = collect(args, variants, worlds, caps, out_dir, group)
     results = analyse(runs, cal)
     table = report(args, group, cal, len(os.sched_getaffinity(0)), results)
+    table += load_note(runs)
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".md").write_text(table + "\n")
     plot([r for r in results if r["variant"] == "ddp"], worlds, caps, args.out + ".png")
     print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
+
+
+def load_note(runs: dict) -> str:
+    loads = sorted(r["load"] for rs in runs.values() for r in rs if r.get("load") is not None)
+    if not loads:
+        return ""
+    return (f"\n\nMachine load (1-minute load average as each run ended, {len(os.sched_getaffinity(0))} "
+            f"cores): median {statistics.median(loads):.1f}, range {loads[0]:.1f}-{loads[-1]:.1f}. Other "
+            "work on the shared machine slows communication and compute unevenly: that is what the "
+            "spreads show.")
 
 
 def analyse(runs: dict, cal: Calibration) -> list[dict]:

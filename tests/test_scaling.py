@@ -1,0 +1,60 @@
+"""make scaling's repeats and variants: rotated order, medians and spreads, ZeRO-1 predicted as
+a reduce-scatter per bucket, beside DDP at world 2."""
+
+import json
+
+import pytest
+
+from minddp import costmodel as cm
+from minddp.tools import scaling
+
+
+def test_every_repeat_runs_every_configuration_in_a_rotated_order():
+    rounds = scaling.plan(["ddp", "zero1"], [1, 2], [1, 25], repeats=3)
+    jobs = {("ddp", 1, 1), ("ddp", 2, 1), ("zero1", 2, 1), ("ddp", 1, 25), ("ddp", 2, 25), ("zero1", 2, 25)}
+    assert all(sorted(r) == sorted(jobs) for r in rounds)  # ZeRO-1 only at world 2
+    assert len({r[0] for r in rounds}) == 3  # each repeat starts elsewhere
+
+
+def test_run_names_keep_the_first_ddp_run_where_earlier_studies_put_it():
+    assert scaling.run_name("ddp", 2, 25.0, 0) == "ws2-cap25"
+    assert scaling.run_name("zero1", 2, 1.0, 2) == "zero1-ws2-cap1-r2"
+
+
+def test_repeats_give_medians_and_spreads():
+    runs = [{"step_s": s, "tokens_per_s": 1 / s, "busy_s": b, "exposed_s": 0.0, "bytes": 8, "collectives": 2}
+            for s, b in ((0.5, 0.05), (0.7, 0.02), (0.6, 0.09))]
+    c = scaling.combine(runs)
+    assert (c["step_s"], c["busy_s"], c["repeats"]) == (0.6, 0.05, 3)
+    assert c["step_spread"] == (0.5, 0.7) and c["busy_spread"] == (0.02, 0.09)
+
+
+def _fake(run_dir, busy_s, collectives=4, nbytes=40e6):
+    run_dir.mkdir(parents=True)
+    rows = [{"step_time_s": 0.5, "tokens_per_s": 2000.0, "comm/busy_s": busy_s, "comm/exposed_wait_s": 0.01,
+             "comm/bytes": nbytes, "comm/collectives": collectives} for _ in range(6)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_zero1_rows_are_predicted_as_reduce_scatters(tmp_path, monkeypatch, drawn_figures):
+    monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1})
+    runs = tmp_path / "runs"
+    for k, busy in enumerate((0.05, 0.07, 0.06)):
+        _fake(runs / scaling.run_name("ddp", 2, 25, k), busy)
+        _fake(runs / scaling.run_name("zero1", 2, 25, k), busy / 2)
+    cal = {"alpha": 400e-6, "beta": 1e9, "contention": {"factor": 2.0}, "overhead_per_bucket_s": 1e-4,
+           "floor": {"per_bucket_s": 3e-3}}
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    scaling.main(["--reuse", str(runs), "--worlds", "2", "--caps", "25", "--repeats", "3", "--warmup", "1",
+                  "--variants", "ddp,zero1", "--out", str(tmp_path / "s"),
+                  "--calibration", str(tmp_path / "cal.json")])
+    lines = [x for x in (tmp_path / "s.md").read_text().splitlines() if x.startswith("| 2 | 25 |")]
+    rows = {c[2]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines)}
+    assert rows["ddp"][8:10] == ["60.0", "50.0-70.0"] and rows["zero1"][8:10] == ["30.0", "25.0-35.0"]
+    c = cm.Calibration.load(tmp_path / "cal.json")
+    ring = cm.predict_ddp_comm([10e6] * 4, 2, c, 0.49 * 2 / 3)["busy_s"]
+    rs = cm.predict_ddp_comm([10e6] * 4, 2, c, 0.49 * 2 / 3, op="reduce_scatter")["busy_s"]
+    assert float(rows["ddp"][10]) == pytest.approx(ring * 1e3, abs=0.05)
+    assert float(rows["zero1"][10]) == pytest.approx(rs * 1e3, abs=0.05)
+    # three of the floor's 3 ms buckets under backward: the column without it is that much lower
+    assert float(rows["ddp"][12]) == pytest.approx((ring - 3 * 3e-3) / 0.06, abs=0.01)
