@@ -7,9 +7,12 @@
    every configuration, in an order rotated every round, so machine drift hits all alike.
    Per repeat: the ratio of medians minddp / torch DDP at each cap; reported: the median
    ratio over repeats and its spread (min-max), with both engines' bucket counts.
-2. ZeRO-1: minddp DDP + AdamW, minddp `shard_optimizer` + `ShardedOptimizer(AdamW)` and torch
-   DDP + `ZeroRedundancyOptimizer(AdamW)`, interleaved the same way: step time against
-   minddp DDP, optimizer-state bytes per rank, and resident memory added by the first step.
+2. Optimizer setups: minddp DDP + AdamW, torch DDP + AdamW, minddp `shard_optimizer` +
+   `ShardedOptimizer(AdamW)`, torch DDP + `ZeroRedundancyOptimizer(AdamW)` (and minddp's
+   optimizer overlap, where the engine has it), interleaved the same way, `--repeats` times:
+   step time against minddp DDP and torch DDP (median and spread of the per-repeat ratios),
+   forward / backward / optimizer-step times, optimizer-state bytes per rank, and ZeRO-1's
+   exposed all-gather (its forward minus DDP's: the forward waits for the gathers).
 3. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
    that returns a finished future) at a cap of one parameter per bucket, backward time
    minus the same model's backward without any wrapper, divided by the number of buckets.
@@ -66,19 +69,62 @@ def interleaved(configs, x, rounds: int, per_round: int, opts=None) -> list[floa
     return [statistics.median(row) for row in t.tolist()]
 
 
-def zero_configs(base, cap):
-    """(label, model, optimizer) for the three ways to run AdamW data-parallel."""
+def optimizer_configs(base, cap):
+    """(label, model, optimizer) for the ways to run AdamW data-parallel, minddp DDP first."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    adamw = {"lr": 1e-4, "fused": True}
     plain = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     sharded = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, shard_optimizer=True)
     theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    return [("minddp DDP + AdamW", plain, torch.optim.AdamW(plain.parameters(), lr=1e-4, fused=True)),
-            ("minddp shard_optimizer (ZeRO-1)", sharded,
-             ShardedOptimizer(sharded, torch.optim.AdamW, lr=1e-4, fused=True)),
-            ("torch DDP + ZeroRedundancyOptimizer", theirs,
-             ZeroRedundancyOptimizer(theirs.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4,
-                                     fused=True))]
+    theirs_zero = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    AdamW = torch.optim.AdamW
+    configs = [("minddp DDP + AdamW", plain, AdamW(plain.parameters(), **adamw)),
+               ("torch DDP + AdamW", theirs, AdamW(theirs.parameters(), **adamw)),
+               ("minddp shard_optimizer (ZeRO-1)", sharded, ShardedOptimizer(sharded, AdamW, **adamw)),
+               ("torch DDP + ZeroRedundancyOptimizer", theirs_zero,
+                ZeroRedundancyOptimizer(theirs_zero.parameters(), optimizer_class=AdamW, **adamw))]
+    overlap = overlap_config(base, cap, adamw)
+    return configs + ([overlap] if overlap else [])
+
+
+def overlap_config(base, cap, adamw):
+    """minddp with the optimizer stepped per bucket as its reduction completes, where the engine
+    has it (`optimizer_overlap`); None otherwise."""
+    import inspect
+
+    if "optimizer_overlap" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return None
+    return None  # the flag exists; the API that hands the engine its optimizer has not landed
+
+
+def phased_step(model, opt, x) -> tuple[float, float, float]:
+    """Seconds of forward, backward and optimizer step (each synchronised on CUDA)."""
+    opt.zero_grad()
+    out = {}
+
+    def forward():
+        out["loss"] = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+
+    return (timed(forward, x.device), timed(lambda: out["loss"].backward(), x.device),
+            timed(opt.step, x.device))
+
+
+def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[float]]:
+    """Per configuration, the medians of [step, forward, backward, optimizer step]; each
+    step's phases are the slowest rank's."""
+    times = [[] for _ in configs]
+    for r in range(rounds + 1):  # round 0 warms up (rebuilds, optimizer states)
+        shift = r % len(configs)
+        for k in [(i + shift) % len(configs) for i in range(len(configs))]:
+            for _ in range(per_round):
+                dist.barrier()
+                phases = phased_step(configs[k][1], configs[k][2], x)
+                if r:
+                    times[k].append([sum(phases), *phases])
+    t = torch.tensor(times, dtype=torch.float64, device=x.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [[statistics.median(col) for col in zip(*rows)] for rows in t.tolist()]
 
 
 def state_bytes(opt) -> int:
@@ -89,12 +135,21 @@ def state_bytes(opt) -> int:
                if isinstance(v, torch.Tensor))
 
 
-def zero_section(base, x, args) -> list:
-    """[(label, step time vs minddp DDP, optimizer-state bytes)] for the three AdamW setups."""
-    configs = zero_configs(base, 25.0)
-    med = interleaved([(label, 25.0, m) for label, m, _ in configs], x, args.rounds, args.steps_per_round,
-                      [o for _, _, o in configs])
-    return [(label, m / med[0], state_bytes(opt)) for (label, _, opt), m in zip(configs, med)]
+def optimizer_section(base, x, args) -> list[dict]:
+    """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
+    repeat), forward / backward / optimizer-step medians, optimizer-state bytes on this rank."""
+    configs = optimizer_configs(base, 25.0)
+    rows = [{"label": label, "vs_minddp": [], "vs_torch": [], "phases": [], "state": state_bytes(opt)}
+            for label, _, opt in configs]
+    for _ in range(args.repeats):
+        med = interleaved_phases(configs, x, args.rounds, args.steps_per_round)
+        for row, m in zip(rows, med):
+            row["vs_minddp"].append(m[0] / med[0][0])
+            row["vs_torch"].append(m[0] / med[1][0])
+            row["phases"].append(m)
+    for row, (_, _, opt) in zip(rows, configs):
+        row["state"] = state_bytes(opt)  # after the steps: AdamW's states exist from the first
+    return rows
 
 
 def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
@@ -160,13 +215,14 @@ def main() -> None:
             ours_ms[cap].append(by[("minddp", cap)] * 1e3)
     buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
                for label, cap, m in configs}
-    zero = zero_section(base, x, args)
+    optim = optimizer_section(base, x, args)
     everyone = [None] * world
-    dist.all_gather_object(everyone, [z[2] for z in zero])  # optimizer-state bytes, per rank
+    dist.all_gather_object(everyone, [r["state"] for r in optim])  # optimizer-state bytes, per rank
     cost = per_bucket_cost(base, x)
     if rank == 0:
-        zero = [(label, ratio, [e[k] for e in everyone]) for k, (label, ratio, _) in enumerate(zero)]
-        table = report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms)
+        for k, row in enumerate(optim):
+            row["state"] = [e[k] for e in everyone]
+        table = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms)
         print(table, flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -175,7 +231,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms) -> str:
+def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms) -> str:
     lines = [
         f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
         f"{world} gloo ranks pinned to one core each, 1 thread, batch {args.batch}x{cfg.block_size} "
@@ -191,17 +247,37 @@ def report(args, base, cfg, world, caps, ratios, buckets, cost, zero, ours_ms) -
         lines.append(f"| {cap:g} | {buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]} | "
                      f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} | "
                      f"{statistics.median(ours_ms[cap]):.0f} |")
-    lines += ["", "ZeRO-1 (AdamW, cap 25 MB; ratio of median step times against minddp DDP, same rounds; "
-              "optimizer state per rank; peak memory per rank: the table at the end):", "",
-              "| configuration | step time vs minddp DDP | optimizer state per rank (MB) |", "|---|---|---|"]
-    for label, ratio, state in zero:
-        lines.append(f"| {label} | {ratio:.3f} | {' / '.join(f'{b / 2**20:.1f}' for b in state)} |")
+    lines += ["", *optimizer_table(args, optim)]
     lines += ["", "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; "
               "backward minus an unwrapped backward, per bucket):", "",
               "| engine | buckets | cost per bucket (us) |", "|---|---|---|"]
     for name, (seconds, n) in cost.items():
         lines.append(f"| {name} | {n} | {seconds * 1e6:.1f} |")
     return "\n".join(lines)
+
+
+def optimizer_table(args, rows: list[dict]) -> list[str]:
+    """Step-time ratios (median and spread over repeats), phases, states; ZeRO-1's exposed all-gather."""
+    spread = lambda v: f"{statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f}"  # noqa: E731
+    lines = [f"Optimizer setups (fused AdamW, cap 25 MB; {args.repeats} repeats of {args.rounds} rotated "
+             "rounds; per repeat the ratio of median step times, all setups in the same rounds; phases: "
+             "medians over the repeats of the slowest rank's; peak memory per rank: docs/bench_memory.md):",
+             "", "| configuration | step vs minddp DDP: median | spread | step vs torch DDP: median | spread "
+             "| step (ms) | forward / backward / optimizer step (ms) | optimizer state per rank (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        med = [statistics.median(col) * 1e3 for col in zip(*r["phases"])]
+        lines.append(f"| {r['label']} | {spread(r['vs_minddp'])} | {spread(r['vs_torch'])} | {med[0]:.0f} | "
+                     f"{med[1]:.0f} / {med[2]:.0f} / {med[3]:.0f} | "
+                     f"{' / '.join(f'{b / 2**20:.1f}' for b in r['state'])} |")
+    by = {r["label"]: r for r in rows}
+    zero, plain = by.get("minddp shard_optimizer (ZeRO-1)"), by["minddp DDP + AdamW"]
+    if zero:  # ZeRO-1's forward waits for the all-gathers its step launched; DDP's waits for nothing
+        exposed = [(z[1] - p[1]) * 1e3 for z, p in zip(zero["phases"], plain["phases"])]
+        lines += ["", f"ZeRO-1's exposed all-gather per step (its forward minus minddp DDP's, per repeat): "
+                  f"median {statistics.median(exposed):.1f} ms, spread {min(exposed):.1f} to "
+                  f"{max(exposed):.1f} ms."]
+    return lines
 
 
 if __name__ == "__main__":
