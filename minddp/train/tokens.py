@@ -10,12 +10,14 @@ One layout per folder:
 Whatever a file can get wrong (empty, a folder, shorter than a window, a bad header, an id
 past the vocabulary anywhere in it) is a ConfigError naming the file and the fix, raised
 alike on every rank before the first step: a bad id met mid-training would be a crash (on
-CUDA a device-side assert), not a message. The id check reads every file once, in 16 MB
-chunks (bounded memory): about 0.15 s per GB from the page cache on one core.
+CUDA a device-side assert), not a message. The id check reads every file once, in 1 MB
+chunks (bounded memory): about 0.15 s per GB from the page cache on one idle core, the disk's
+read speed when the file is not cached.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ LLMC_MAGIC, LLMC_HEADER_INTS = 20240520, 256
 # llm.c's dev/data/data_common.py: version -> (dtype, the tokenizer's vocabulary, its name)
 LLMC_VERSIONS = {1: (np.uint16, 50_257, "GPT-2"), 2: (np.uint32, 128_256, "llama-3")}
 BYTE_VOCAB = 256  # the default when nothing says otherwise: byte-level data
-SCAN_BYTES = 16 << 20
+SCAN_BYTES = 1 << 20
 _SPLITS = ("train", "val")
 
 
@@ -271,9 +273,11 @@ def scan_range(path, dtype, offset: int, count: int, chunk_bytes: int = SCAN_BYT
                limit: int | None = None) -> tuple[int, int, int | None]:
     """(smallest id, largest id, index of the first id >= limit or None) over the whole file,
     read in chunks into one buffer: plain reads, not the memmap, so the file's pages are not
-    mapped into this process (its resident memory stays flat for any file size)."""
+    mapped into this process. The pages read are dropped from the page cache after: recent
+    kernels cache them as large folios that the training memmap would then map whole (a 300 MB
+    file: +75 MB resident after 3 steps, against +7 MB without them)."""
     dtype = np.dtype(dtype)
-    per = max(1, chunk_bytes // dtype.itemsize)
+    per = max(1, min(count, chunk_bytes // dtype.itemsize))
     buf = bytearray(per * dtype.itemsize)
     lo, hi, first, done = 0, 0, None, 0
     with open(path, "rb", buffering=0) as f:
@@ -290,6 +294,8 @@ def scan_range(path, dtype, offset: int, count: int, chunk_bytes: int = SCAN_BYT
             if limit is not None and first is None and hi >= limit:
                 first = done + int(np.argmax(part >= limit))
             done += n
+        if hasattr(os, "posix_fadvise"):  # Linux: leave the page cache as training would find it
+            os.posix_fadvise(f.fileno(), offset, count * dtype.itemsize, os.POSIX_FADV_DONTNEED)
     return lo, hi, first
 
 
