@@ -199,12 +199,14 @@ def test_prepare_train_sample_end_to_end(tmp_path):
     (lambda p: p.write_text(""), "holds no text"),
     (lambda p: p.write_bytes(b"\x00\x01binary"), "looks binary"),
 ])
-def test_prepare_bad_input_is_a_clear_error(tmp_path, setup, message):
+def test_prepare_bad_input_is_a_clear_error(tmp_path, capsys, setup, message):
+    from minddp.tools.prepare import main
+
     f = tmp_path / "in.txt"
     setup(f)
-    p = subprocess.run([sys.executable, "-m", "minddp", "prepare", str(f), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and message in p.stderr, p.stderr
+    with pytest.raises(SystemExit) as e:
+        main([str(f), "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_prepare_refuses_a_vocabulary_that_fits_no_dtype(tmp_path):
