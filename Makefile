@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check lint clean
+.PHONY: install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 
@@ -92,6 +92,11 @@ scaling: install
 # the nccl collective table; one verdict per line, logs under gpu_check/ (no CUDA: says so, exits 0)
 gpu-check: install
 	$(BIN)/python scripts/gpu_check.py --out gpu_check
+
+# faults that lose runs, on 2-rank jobs (~3 min, root for the tmpfs): a disk that fills up mid-run,
+# kill -9 during saves, all checkpoints unreadable; each resume must equal an uninterrupted run
+soak-faults: install
+	$(BIN)/python scripts/soak_faults.py
 
 lint: install
 	$(BIN)/ruff check minddp tests scripts train.py

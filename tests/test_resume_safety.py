@@ -152,6 +152,25 @@ def test_disk_full_as_torchs_runtime_error_names_the_folder_and_free_space(tmp_p
     assert checkpoint.load(checkpoint.latest(tmp_path), "cpu")["step"] == 1
 
 
+@pytest.mark.slow  # it runs mount(8); about a second
+def test_a_real_full_disk_is_a_checkpoint_write_error_and_the_previous_one_stays(tmp_path):
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if p.returncode:
+        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
+    try:
+        checkpoint.save(mnt, 1, {**STATE, "step": 1})
+        with pytest.raises(checkpoint.CheckpointWriteError, match=r"MiB free in .*small/checkpoints"):
+            checkpoint.save(mnt, 2, {**STATE, "model": {"w": torch.ones(2**20)}, "step": 2})  # 4 MiB
+        assert [q.name for q in (mnt / "checkpoints").iterdir()] == ["ckpt_00000001.pt"]
+        assert checkpoint.load(checkpoint.latest(mnt), "cpu")["step"] == 1
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
 def test_a_runtime_error_that_is_not_the_write_is_not_called_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", _full_disk_save("can't pickle a generator"))
     with pytest.raises(RuntimeError, match="generator") as e:
