@@ -62,15 +62,17 @@ def test_ring_other_dtypes(dtype):
 
 def _subgroup(rank, world_size):
     group = dist.new_group([1, 2, 3])
-    if rank == 0:
-        return
-    groups = C.NodeGroups(group, ranks_per_node=2)  # nodes {1}, {2, 3}
-    x = torch.full((5,), float(rank))
-    C.hierarchical_all_reduce(x, groups, op="avg")
-    assert torch.equal(x, torch.full((5,), 2.0))
-    y = torch.full((5,), float(rank))
-    C.ring_all_reduce(y, group=group)
-    assert torch.equal(y, torch.full((5,), 6.0))
+    if rank != 0:
+        groups = C.NodeGroups(group, ranks_per_node=2)  # nodes {1}, {2, 3}
+        x = torch.full((5,), float(rank))
+        C.hierarchical_all_reduce(x, groups, op="avg")
+        assert torch.equal(x, torch.full((5,), 2.0))
+        y = torch.full((5,), float(rank))
+        C.ring_all_reduce(y, group=group)
+        assert torch.equal(y, torch.full((5,), 6.0))
+    # rank 0 hosts the store the others' new groups rendezvous through: it must not leave
+    # first (under load that was a "Broken pipe" in their new_group)
+    dist.barrier()
 
 
 def test_sub_groups():
