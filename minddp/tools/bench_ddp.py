@@ -93,9 +93,13 @@ def overlap_config(base, cap, adamw):
     has it (`optimizer_overlap`); None otherwise."""
     import inspect
 
-    if "optimizer_overlap" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+    from .. import zero
+
+    if ("optimizer_overlap" not in inspect.signature(DistributedDataParallel.__init__).parameters
+            or not hasattr(zero, "OverlappedOptimizer")):
         return None
-    return None  # the flag exists; the API that hands the engine its optimizer has not landed
+    model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, optimizer_overlap=True)
+    return ("minddp optimizer_overlap", model, zero.OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
 
 
 def phased_step(model, opt, x) -> tuple[float, float, float]:

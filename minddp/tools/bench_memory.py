@@ -44,7 +44,7 @@ CONFIGS = {  # name -> what it is
     "minddp-ddp": "minddp DDP, default arguments",
     "minddp-zero1": "minddp DDP(shard_optimizer=True) + minddp.ShardedOptimizer",
     "torch-zero": "torch DDP + ZeroRedundancyOptimizer",
-    "minddp-overlap": "minddp DDP(optimizer_overlap=True)",
+    "minddp-overlap": "minddp DDP(optimizer_overlap=True) + minddp.OverlappedOptimizer",
 }
 # what each configuration holds per rank, in units of P (the fp32 parameter bytes); the
 # optimizer states are AdamW's exp_avg + exp_avg_sq = 2P, divided by dp where sharded
@@ -71,9 +71,12 @@ def modeled_bytes(config: str, param_bytes: int, dp: int) -> dict:
 
 
 def has_optimizer_overlap() -> bool:
+    """The engine's flag and the optimizer that uses it (minddp.OverlappedOptimizer)."""
+    from .. import zero
     from ..ddp import DistributedDataParallel
 
-    return "optimizer_overlap" in inspect.signature(DistributedDataParallel.__init__).parameters
+    flag = "optimizer_overlap" in inspect.signature(DistributedDataParallel.__init__).parameters
+    return flag and hasattr(zero, "OverlappedOptimizer")
 
 
 # ------------------------------------------------------------------ the worker (one rank)
@@ -156,8 +159,10 @@ def build(config: str, model, device):
         wrapped = DDP(model, device_ids=ids, shard_optimizer=True)
         return wrapped, ShardedOptimizer(wrapped, torch.optim.AdamW, **kw)
     if config == "minddp-overlap":
+        from ..zero import OverlappedOptimizer
+
         wrapped = DDP(model, device_ids=ids, optimizer_overlap=True)
-        return wrapped, torch.optim.AdamW(model.parameters(), **kw)
+        return wrapped, OverlappedOptimizer(wrapped, torch.optim.AdamW, **kw)
     return DDP(model, device_ids=ids), torch.optim.AdamW(model.parameters(), **kw)
 
 
@@ -233,9 +238,15 @@ def run_config(config: str, model_name: str, dp: int, steps: int) -> dict:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         row = {"config": config, "model": model_name, "dp": dp}
         if p.returncode or not result.exists():
-            tail = [line for line in p.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-            return {**row, "error": f"exit {p.returncode}: {tail[0][:200]}"}
+            return {**row, "error": f"exit {p.returncode}: {first_error(p.stderr)}"}
         return {**row, "ranks": json.loads(result.read_text())}
+
+
+def first_error(stderr: str) -> str:
+    """The worker's exception line, not torchrun's summary banner."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not set(x.strip()) <= set("=-")]
+    hits = [x for x in lines if "Error" in x or "error:" in x]
+    return (hits or lines[-1:] or ["no output"])[0][:200]
 
 
 def largest(row: dict, key: str) -> float:

@@ -38,7 +38,10 @@ MODEL = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_s
 
 
 # variant -> the overrides that make it; run at world 2 beside DDP (make scaling: --variants auto)
-VARIANTS = {"ddp": [], "zero1": ["ddp.shard_optimizer=true"], "overlap": ["ddp.optimizer_overlap=true"]}
+# (the overlap steps each bucket before the global gradient norm exists: no clipping, and a
+# non-finite step stops the run instead of being skipped)
+VARIANTS = {"ddp": [], "zero1": ["ddp.shard_optimizer=true"],
+            "overlap": ["ddp.optimizer_overlap=true", "optim.grad_clip=0", "train.on_nonfinite=stop"]}
 
 
 def available_variants(spec: str) -> list[str]:
