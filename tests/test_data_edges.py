@@ -253,6 +253,23 @@ def test_text_and_synthetic_data_check_the_vocabulary_too(tmp_path):
         data.load_data(synthetic, 16, 16)
 
 
+def test_too_little_data_for_one_global_batch_or_no_text_is_a_config_error(tmp_path):
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    train, _, _ = load(nanogpt(tmp_path / "d", n_train=100), block_size=16)  # 6 windows
+    with pytest.raises(ConfigError, match=r"the training set has 6 samples, fewer than one global "
+                                          r"batch \(8\)"):
+        data.ShardedBatches(train, 2, 0, 4, 1, seed=0, device=torch.device("cpu"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    text = NS(name="text", path=str(tmp_path / "empty"), max_bytes=1000, val_fraction=0.1,
+              cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"data\.path=.*empty' holds no text"):
+        data.load_data(text, 16)
+
+
 # ------------------------------------------------------------------ end to end
 @pytest.mark.slow
 def test_a_broken_folder_exits_2_on_every_rank_without_a_traceback(tmp_path):

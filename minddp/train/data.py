@@ -126,7 +126,8 @@ def load_corpus(path: str | None, max_bytes: int, cache_dir: str) -> np.ndarray:
             if total >= max_bytes:
                 break
         if total == 0:
-            raise ValueError(f"no text found under {path or stdlib_root()}")
+            raise ConfigError(f"data.path={path or str(stdlib_root())!r} holds no text: give a text file "
+                              "or a folder of them")
         atomic_write(cache, b"".join(chunks))
     return tokens.open_tokens(cache, "uint8")
 
@@ -232,8 +233,8 @@ class ShardedBatches:
         self.sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank,
                                           shuffle=True, seed=seed, drop_last=True)
         self.steps_per_epoch = len(self.sampler) // (micro_batch * accum)  # = len // global: any dp
-        if self.steps_per_epoch == 0:
-            raise ValueError(
+        if self.steps_per_epoch == 0:  # a configuration error: exit 2 on every rank, no traceback
+            raise ConfigError(
                 f"the training set has {len(dataset)} samples, fewer than one global batch "
                 f"({self.global_batch}): use more data or a smaller train.global_batch_size")
         self.epoch, self._indices = None, None
