@@ -342,5 +342,6 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
     saved = torch.load(run / "checkpoints" / "ckpt_00000000.pt", weights_only=True)["config"]
     assert saved["model"]["vocab_size"] == 50_257 and saved["data"]["dir"] == folder
     startup = next(r.getMessage() for r in caplog.records if "parameters, world" in r.getMessage())
-    assert ("data llm.c shards v1 (GPT-2), 2 train + 1 val files, 800 train / 400 val tokens, "
+    assert info["data"]["dtype"] == "uint16"
+    assert ("data llm.c shards v1 (GPT-2) uint16, 2 train + 1 val files, 800 train / 400 val tokens, "
             "vocabulary 50257 (llm.c header version 1 (GPT-2))") in startup, startup

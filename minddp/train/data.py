@@ -142,9 +142,10 @@ class DataInfo:
     dir: str | None = None
     files: dict = field(default_factory=dict)  # split -> number of files
     tokens: dict = field(default_factory=dict)  # split -> number of tokens
+    dtype: str | None = None  # of the token ids on disk
 
     def summary(self) -> str:
-        parts = [self.format]
+        parts = [self.format + (f" {self.dtype}" if self.dtype else "")]
         if self.files:
             parts.append(" + ".join(f"{n} {s}" for s, n in self.files.items()) + " files")
         if self.tokens:
@@ -166,7 +167,8 @@ def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
     sets = {s: TokenWindows([sh.tokens for sh in shards], block_size) for s, shards in folder.splits.items()}
     info = DataInfo(_FORMATS[folder.kinds[0]], folder.vocab_size, folder.vocab_source, str(folder.dir),
                     {s: len(v) for s, v in folder.splits.items()},
-                    {s: sum(len(sh.tokens) for sh in v) for s, v in folder.splits.items()})
+                    {s: sum(len(sh.tokens) for sh in v) for s, v in folder.splits.items()},
+                    str(folder.splits["train"][0].tokens.dtype))
     return sets["train"], sets["val"], info
 
 
@@ -185,7 +187,7 @@ def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Datas
                               "model.block_size")
     info = DataInfo("bytes corpus", vocab_size or tokens.BYTE_VOCAB,
                     "model.vocab_size" if vocab_size else "bytes", data_cfg.path,
-                    tokens={k: len(v) for k, v in parts.items()})
+                    tokens={k: len(v) for k, v in parts.items()}, dtype="uint8")
     return TokenWindows(parts["train"], block_size), TokenWindows(parts["val"], block_size), info
 
 
