@@ -217,6 +217,7 @@ def report(args, group, cal, cores, results) -> str:
     ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
     for r in results:
         eff = "oversubscribed" if r["oversubscribed"] else f"{r['efficiency']:.2f}"
+        eff = "-" if eff == "nan" else eff  # no world-1 run at this cap
         multi = r["world"] > 1 and r["busy_s"]
         ratio = f"{r['predicted_busy_s'] / r['busy_s']:.2f}" if multi else "-"
         bare = f"{r['without_floor_s'] / r['busy_s']:.2f}" if multi else "-"
@@ -268,7 +269,7 @@ def reading(results, cal: Calibration) -> list[str]:
                 "last bucket is launched when backward ends and is noticed at once")
     out += (". Rows at world 4 are oversubscribed (4 ranks on 2 cores): they time-share cores, which no "
             "per-collective model captures, and their efficiency is not reported.")
-    return [out, "", advice(results, cal)]
+    return [out] + (["", advice(results, cal)] if advice(results, cal) else [])
 
 
 def plot(results, worlds, caps, png) -> None:
