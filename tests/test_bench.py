@@ -224,7 +224,9 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
     assert len(rows) == 3
     by = {(r[0].strip("| "), r[1]): r for r in rows}
     assert by[("1", "0.01")][5] == "1.00"  # the smallest world is the efficiency baseline
-    assert float(by[("2", "0.01")][5]) > 0 and by[("2", "25.0")][5] == "1.00"  # no world-1 peer at 25
+    assert by[("2", "25.0")][5] == "1.00"  # no world-1 peer at 25
+    ratio = float(by[("2", "0.01")][4]) / float(by[("1", "0.01")][4]) / 2  # tokens/s vs world 1, per rank
+    assert float(by[("2", "0.01")][5]) == pytest.approx(ratio, abs=0.01)
     for (world, cap), r in by.items():  # the final loss is the run's own last logged loss
         last = metrics(sweep / f"ws{world}-cap{float(cap):g}")[-1]
         assert r[7] == f"{last['loss']:.4f}" and r[9].strip(" |").endswith("%"), (r, last)
