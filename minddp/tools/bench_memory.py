@@ -166,14 +166,6 @@ def build(config: str, model, device):
     return DDP(model, device_ids=ids), torch.optim.AdamW(model.parameters(), **kw)
 
 
-def state_bytes(opt) -> int:
-    """Bytes of optimizer state tensors this rank holds (ShardedOptimizer: its inner one)."""
-    import torch
-
-    inner = getattr(opt, "optim", opt)
-    return sum(t.nbytes for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor))
-
-
 def _warm_up_optimizer() -> None:
     """The first AdamW built and stepped imports its machinery (about 70 MB of code here):
     common to every configuration, so done before the baseline."""
@@ -193,6 +185,7 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     from ..dist import exit_worker
     from ..train.model import GPT, GPTConfig
     from ..zero import ShardedOptimizer  # noqa: F401
+    from .bench_ddp import state_bytes
     from .cli import start
 
     _warm_up_optimizer()
