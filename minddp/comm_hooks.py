@@ -179,6 +179,11 @@ class Reduction:
     def bind(self, layout) -> None:
         self.layout = layout
 
+    def replicas(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The tensors that hold the module's parameters, for the first broadcast: (flat buffers
+        that travel as they are, tensors that travel in coalesced chunks)."""
+        return [], [p.detach() for p in module.parameters()]
+
     def with_hook(self, state, hook) -> "Reduction":
         """The reduction `register_comm_hook(state, hook)` installs in place of this one."""
         return CommHook(self.reducer, self.params, state, hook)
@@ -259,14 +264,22 @@ class ReduceScatter(Reduction):
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
         super().__init__(reducer, params)
+        self.release = None  # called before a rebuild (ShardedOptimizer drops its views)
         self.pad_to = dist.get_world_size(reducer.group)
         avg = reducer.reduce_op == "avg"
         self.op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
 
     def bind(self, layout) -> None:
+        if layout is None and self.release is not None:
+            self.release()  # the sharded optimizer lets go of the old buffers too
         super().bind(layout)
         if layout is not None:
             layout.flat_params = flatten_params(self.params, layout)
+
+    def replicas(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The flat parameter buffers as they are (no flattened copy), and any frozen parameter."""
+        flat = {id(p) for p in self.params}
+        return self.layout.flat_params, [p.detach() for p in module.parameters() if id(p) not in flat]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
         lo, hi = self.layout.shard_range(b)

@@ -96,34 +96,35 @@ class DistributedDataParallel(nn.Module):
         checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
                                find_unused_parameters, optimizer_overlap)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,
-                                               delay_all_reduce_named_params, param_to_hook_all_reduce,
-                                               mixed_precision)
+                                               mixed_precision, delay_all_reduce_named_params,
+                                               param_to_hook_all_reduce)
         checks.check_not_wrapped(module, DistributedDataParallel)
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.process_group)
-        # broadcast(src=...) takes a *global* rank, also for a sub-group.
-        self.src_rank = dist.get_process_group_ranks(self.process_group)[0]
+        self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
         self.shard_optimizer = shard_optimizer  # ZeRO-1: see minddp.zero.ShardedOptimizer
         # each bucket's parameters stepped once it is reduced: see minddp.zero.OverlappedOptimizer
         self.optimizer_overlap, self.post_reduce = optimizer_overlap, None
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
         self.overlap, self.reduce_op = overlap, reduce_op
-        self._replicate(module, init_sync)
+        self._replicate(module)
         reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
         self.reduction = make_reduction(reducer, compress, shard_optimizer, self.params)
         self.observer = observer_for(self.device, overlap)
         self.layout: Layout | None = None
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
         self._build_layout(list(reversed(range(len(self.params)))))
+        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
+            _broadcast_replicas(self, module)
         self._attach_hooks(module)
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self.uneven: _join.Join | None = None  # inside join()
         self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
 
-    def _replicate(self, module: nn.Module, init_sync: bool) -> None:
+    def _replicate(self, module: nn.Module) -> None:
         """The trainable parameters in the engine's indexing; the same model on every rank."""
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
@@ -132,9 +133,6 @@ class DistributedDataParallel(nn.Module):
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         checks.check_same_model(module, self.names, self.process_group)
-        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
-            broadcast_coalesced([p.detach() for p in module.parameters()], self.process_group, self.src_rank)
-            broadcast_coalesced(self.module_buffers, self.process_group, self.src_rank)
 
     def _attach_hooks(self, module: nn.Module) -> None:
         # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
@@ -364,6 +362,15 @@ def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
     ddp = owner()
     if ddp is not None:
         ddp._on_grad_ready(i, p)
+
+
+def _broadcast_replicas(ddp: DistributedDataParallel, module: nn.Module) -> None:
+    """Every rank starts from the first rank's parameters and buffers (torch's init sync). Flat
+    parameter buffers (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
+    flat, rest = ddp.reduction.replicas(module)
+    for t in flat:
+        dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
+    broadcast_coalesced(rest + ddp.module_buffers, ddp.process_group, ddp.src_rank)
 
 
 def _remove_hooks(handles, module_ref) -> None:

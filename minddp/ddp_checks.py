@@ -77,8 +77,8 @@ def check_clip(optimizer_overlap: bool) -> None:
             "every bucket) was known. Use optimizer_overlap=False to clip; grad_norm() still reads the norm.")
 
 
-def torch_arguments(module, device_ids, process_group, device_mesh, delay_all_reduce_named_params,
-                     param_to_hook_all_reduce, mixed_precision):
+def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precision,
+                    delay_all_reduce_named_params, param_to_hook_all_reduce):
     """torch DDP's constructor arguments: the ones that matter for a single-device module are
     honoured or checked as torch does; the features minddp lacks are refused by name.
     (`output_device`, `dim`, `check_reduction`, `gradient_as_bucket_view` and `static_graph`

@@ -70,6 +70,7 @@ class ShardedOptimizer:
         self._slice_shards(inner)
         self.optim = optimizer_class(inner, **defaults)
         self._gathers: dict[int, object] = {}
+        ddp.reduction.release = self._release  # called before the engine rebuilds its buckets
         self._hooks = [m.register_forward_pre_hook(self._make_wait(m)) for m in ddp.module.modules()
                        if any(True for _ in m.parameters(recurse=False))]
 
@@ -96,6 +97,15 @@ class ShardedOptimizer:
                     self._segments.append(seg)
                     groups[group_of[i]]["params"].append(seg.tensor)
         self._version = layout.version
+
+    def _release(self) -> None:
+        """Before the engine's one rebuild: let go of the views of the old buffers, so each is
+        freed as soon as its parameters have moved (no second copy of parameters or gradients)."""
+        if any(self.optim.state.values()):
+            raise RuntimeError("the engine's bucket layout changed after the optimizer had state")
+        self._segments = []
+        for g in self.optim.param_groups:
+            g["params"] = []
 
     # ---------------------------------------------------------------- step
     @property

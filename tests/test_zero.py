@@ -94,6 +94,45 @@ def test_bad_combinations_name_the_alternative():
     multiproc.run(check, 2)
 
 
+class _UsedBackwards(nn.Module):
+    """Layers used in the reverse of their registration order: the first backward's ready
+    order differs from the initial buckets', so the engine rebuilds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        for layer in reversed(self.layers):
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _rebuild_releases(rank, world_size):
+    import weakref
+
+    torch.manual_seed(0)
+    ddp = minddp.DDP(_UsedBackwards(), bucket_cap_mb=1e-4, shard_optimizer=True)
+    opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=1e-2)
+    old = ddp.layout
+    refs = [weakref.ref(t) for t in old.flat_params + [b.buffer for b in old.buckets]]
+    del old
+    x = torch.randn(4, 8)
+    ddp(x).square().mean().backward()
+    assert ddp.layout_version == 2  # rebuilt in the observed order
+    # nothing (engine, reduction, optimizer) kept the old flat parameters or gradient buffers
+    assert all(r() is None for r in refs), sum(r() is not None for r in refs)
+    opt.step()
+    opt.wait_params()
+    return {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
+
+
+def test_rebuild_keeps_no_second_copy_of_parameters_or_gradients():
+    a, b = multiproc.run(_rebuild_releases, 2)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
 def _join_uneven(rank, world_size):
     torch.manual_seed(0)
     ddp = minddp.DDP(MLP(), bucket_cap_mb=0.002, shard_optimizer=True)
