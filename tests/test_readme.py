@@ -40,7 +40,8 @@ def test_every_relative_link_and_anchor_exists(path):
 
 def test_readme_links_the_measurement_files_the_make_targets_write():
     targets = set(links("README.md"))
-    for name in ("docs/bench_ddp.md", "docs/bench_trainer.md", "docs/scaling.md", "docs/timeline.png"):
+    for name in ("docs/bench_ddp.md", "docs/bench_memory.md", "docs/bench_trainer.md", "docs/scaling.md",
+                 "docs/timeline.png"):
         assert name in targets, f"README.md does not link {name}"
 
 
