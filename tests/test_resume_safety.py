@@ -4,7 +4,6 @@ configuration a resume may change, and settings that are NaN or inf (issue 22)."
 import copy
 import errno
 import logging
-import math
 import os
 
 import pytest
@@ -283,7 +282,6 @@ def test_nan_cannot_slip_through_a_range_check():
 
     for override in ("optim.lr=nan", "optim.grad_clip=nan", "ddp.bucket_cap_mb=nan", "train.timeout_s=nan"):
         assert list(_setting_problems(_cfg(override))), override
-    assert math.isnan(float("nan"))
 
 
 # ------------------------------------------------------------ end to end (slow)
@@ -294,7 +292,6 @@ ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
 @pytest.mark.parametrize("override,message", [
     ("bogus.key=1", "Key 'bogus' not in 'Config'"),
     ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
-    ("train.max_stepz=3", "Key 'max_stepz' not in 'TrainConfig'"),
 ])
 def test_hydras_own_errors_exit_2_with_hydras_message(tmp_path, override, message):
     p = run_train(tmp_path / "x", *SMALL, override, check=False, timeout=60)

@@ -43,9 +43,7 @@ class CheckpointReadError(OSError):
 
 
 _NAME = re.compile(r"ckpt_(\d+)\.pt$")
-# temporary files a crash can leave: atomic_open's `.<name>.<random>.tmp`, and the
-# `.ckpt_<step>.pt.tmp<pid>-<hex>` of minddp before it
-_ORPHANS = (".ckpt_*.pt.*.tmp", ".ckpt_*.pt.tmp*")
+_LEGACY_TMP = ".ckpt_*.pt.tmp*"  # minddp before atomic_open wrote `.ckpt_<step>.pt.tmp<pid>-<hex>`
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -81,15 +79,10 @@ def _write_failure(final: Path, e: BaseException) -> str:
     except OSError:
         free = "free space unknown"
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
-    prev = latest_name(final.parent.parent)
+    prev = latest(final.parent.parent)
     return (f"could not write checkpoint {final} ({reason}); {free} in {d}; the previous checkpoint "
-            f"is intact ({prev or 'none yet'}). Free space in {d} or change the run dir, then resume "
-            "with train.resume=auto")
-
-
-def latest_name(run_dir) -> str | None:
-    found = all_checkpoints(run_dir)
-    return found[0].name if found else None
+            f"is intact ({prev.name if prev else 'none yet'}). Free space in {d} or change the run dir, "
+            "then resume with train.resume=auto")
 
 
 def all_checkpoints(run_dir) -> list[Path]:
@@ -110,18 +103,14 @@ def remove_crash_leftovers(run_dir) -> list[Path]:
     """The temporary files of writes a crash interrupted (checkpoints, metrics.jsonl, run.json):
     never a checkpoint, and big (a whole checkpoint each). Rank 0, at start-up."""
     d = checkpoint_dir(run_dir)
-    removed = [p for pattern in _ORPHANS for p in _remove(d, pattern)]
-    removed += remove_orphans(run_dir, "metrics.jsonl") + remove_orphans(run_dir, "run.json")
+    removed = remove_orphans(d, "ckpt_*.pt") + remove_orphans(run_dir, "metrics.jsonl")
+    removed += remove_orphans(run_dir, "run.json")
+    for p in list(d.glob(_LEGACY_TMP)) if d.is_dir() else []:
+        p.unlink(missing_ok=True)
+        removed.append(p)
     for p in removed:
         log.warning(f"removed {p}, a temporary file left by an interrupted write")
     return removed
-
-
-def _remove(folder: Path, pattern: str) -> list[Path]:
-    found = list(folder.glob(pattern)) if folder.is_dir() else []
-    for p in found:
-        p.unlink(missing_ok=True)
-    return found
 
 
 _KEYS = ("model", "optimizer", "scheduler", "step")
