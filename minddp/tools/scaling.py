@@ -200,8 +200,8 @@ def analyse(runs: dict, cal: Calibration) -> list[dict]:
 def report(args, group, cal, cores, results) -> str:
     f = cal.fabric
     cmd = (f"minddp scaling --worlds {args.worlds} --caps {args.caps} --repeats {args.repeats} "
-           f"--variants {args.variants}")
-    lines = [f"Command: `make scaling` (`{cmd}`); "
+           f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
+    lines = [f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
              f"W&B group `{group}`; GPT 6 layers x 384 (10.8M parameters), global batch 8 x 128 tokens, "
              f"1 thread per rank on {cores} cores; {args.repeats} run(s) of each configuration in "
              "rotated order, medians (spread: min-max over the runs; the machine is shared, so "
