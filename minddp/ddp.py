@@ -18,7 +18,9 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
    launches what is left (buckets with unused parameters, or everything when
    overlap=False), waits for every bucket in order, and checks the usage flags carried by
    the last bucket on every rank. After the first iteration the buckets are rebuilt once in
-   the observed gradient-ready order (rank 0's order, broadcast: `rebuild`).
+   the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). With
+   `optimizer_overlap=True`, `post_reduce(b)` steps bucket b's parameters right after its
+   wait, while later buckets are still in flight (minddp.zero.OverlappedOptimizer).
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
@@ -38,7 +40,11 @@ The constructor takes torch DDP's arguments in torch's order (`device_ids`, `out
 from an existing script works unchanged; minddp's own options are keyword-only after them.
 `bucket_cap_mb` means what it means in torch DDP: a bucket closes once it reaches the cap;
 `None` (the default) is 25 MiB after a 1 MiB first bucket. `strict_bucket_cap=True` is
-minddp's alternative: a bucket never exceeds the cap.
+minddp's alternative: a bucket never exceeds the cap. torch DDP's attributes a script may set
+or read: `require_backward_grad_sync` (False: the next forward/backward accumulates locally, what
+`no_sync()` toggles; nanoGPT and llm.c set it per micro-step), `require_forward_param_sync`,
+`module`, `process_group`, `bucket_cap_mb`, `find_unused_parameters`, `broadcast_buffers`,
+`no_sync()`, `join()`, `register_comm_hook()`.
 """
 
 from __future__ import annotations
@@ -288,7 +294,8 @@ class DistributedDataParallel(nn.Module):
         self.rebuilt = True
         seen = set(ready_order)
         order = list(ready_order) + [i for i in reversed(range(len(self.params))) if i not in seen]
-        plan = torch.tensor(order, dtype=torch.int64, device=self.layout.buckets[0].buffer.device)
+        device = self.layout.buckets[0].buffer.device if self.layout.buckets else self.device
+        plan = torch.tensor(order, dtype=torch.int64, device=device)
         dist.broadcast(plan, src=self.src_rank, group=self.process_group)
         order = plan.tolist()
         if order != self.layout.order():
