@@ -1,4 +1,10 @@
-"""Communication hooks: how one bucket of gradients is reduced.
+"""How one bucket of gradients is reduced: the engine's strategies and torch-style comm hooks.
+
+The engine (ddp.py) holds one `Reduction` and calls only its interface (bind, launch,
+finish, shadow, usage_flags): `AllReduce` (the default), `CompressedAllReduce`
+(`compress="fp16"/"bf16"`), `CommHook` (`register_comm_hook`), `ReduceScatter` (ZeRO-1,
+`shard_optimizer=True`). The algorithm (native, ring, rs_ag, tree, hierarchical) is the
+`BucketReducer`'s, shared by all of them and by the hooks' `bucket.all_reduce`.
 
 A hook has torch DDP's shape, `hook(state, bucket) -> Future`: it gets a
 `GradBucket` and returns a future whose value is the reduced bucket, as a tensor

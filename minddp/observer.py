@@ -1,15 +1,17 @@
 """What the engine reports about its communication, kept out of its core path.
 
-The engine (ddp.py) calls an observer at five points of a synchronised iteration and does
-not know what it records:
+The engine (ddp.py) calls an observer at these points and does not know what it records:
 
-    start(num_buckets)        a synchronised forward begins a new iteration
+    layout_changed(n)         the buckets were (re)built: n buckets
+    start(n)                  a synchronised forward begins a new iteration
     launch(b, nbytes, kind)   bucket b's reduction is about to start
     launched(b, future)       ... and has started: returns the future the engine waits on
     poll()                    a gradient arrived (a cheap moment to notice completions)
-    backward_end()            autograd finished; the engine now launches the rest and waits
+    backward_end(k)           autograd finished (k buckets were launched during it); the
+                              engine now launches the rest and waits
     done(b)                   the engine's wait for bucket b returned
     wait_end(wire_bytes)      every bucket is reduced
+    read()                    `ddp.comm_stats` was read
 
 `Observer` keeps `CommStats` (host clock), the optional trace (`ddp.trace = []` records
 (event, bucket, time) tuples: see minddp.train.steptrace) and torch.profiler ranges.
@@ -76,7 +78,7 @@ class Observer:
         self.stats = CommStats(num_buckets=num_buckets, overlap=self.overlap)
         self._t_launch = [None] * num_buckets
         self._t_done = [None] * num_buckets
-        self._inflight: collections.deque[int] = collections.deque()
+        self._inflight: collections.deque[tuple[int, object]] = collections.deque()  # (bucket, Work)
         self._t_first_launch = self._t_last_done = None
 
     def launch(self, b: int, nbytes: int, kind: str) -> None:
