@@ -67,6 +67,10 @@ def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorit
     if shard_optimizer and optimizer_overlap:
         raise ValueError("optimizer_overlap does not combine with shard_optimizer: ZeRO-1 steps its shard "
                          "after backward (ShardedOptimizer.step()); choose one of the two")
+    if find_unused_parameters and optimizer_overlap:
+        raise ValueError("optimizer_overlap does not combine with find_unused_parameters=True: which "
+                         "parameters some rank used is known only from the last bucket, after the first "
+                         "buckets were stepped; freeze unused parameters with requires_grad_(False)")
 
 
 def check_clip(optimizer_overlap: bool) -> None:

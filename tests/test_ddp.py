@@ -562,6 +562,8 @@ def test_optimizer_overlap_refuses_what_it_cannot_keep_exact():
     def check(rank, world_size):
         with pytest.raises(ValueError, match="optimizer_overlap does not combine with shard_optimizer"):
             minddp.DDP(MLP(), shard_optimizer=True, optimizer_overlap=True)
+        with pytest.raises(ValueError, match="does not combine with find_unused_parameters"):
+            minddp.DDP(MLP(), find_unused_parameters=True, optimizer_overlap=True)
         with pytest.raises(ValueError, match="optimizer_overlap=True"):
             minddp.OverlappedOptimizer(minddp.DDP(MLP()), torch.optim.SGD, lr=0.1)
 

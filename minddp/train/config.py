@@ -269,8 +269,9 @@ def _setting_problems(cfg):
     if d.shard_optimizer and d.find_unused_parameters:
         yield ("ddp.shard_optimizer=true does not support ddp.find_unused_parameters=true: "
                "freeze unused parameters instead")
-    if d.optimizer_overlap and d.shard_optimizer:
-        yield "ddp.optimizer_overlap=true does not combine with ddp.shard_optimizer=true: choose one"
+    if d.optimizer_overlap and (d.shard_optimizer or d.find_unused_parameters):
+        yield ("ddp.optimizer_overlap=true does not combine with ddp.shard_optimizer=true or "
+               "ddp.find_unused_parameters=true: choose one")
     if d.optimizer_overlap and (o.grad_clip > 0 or t.on_nonfinite == "skip"):
         yield (f"ddp.optimizer_overlap=true steps each bucket before the global gradient norm is known: "
                f"set optim.grad_clip=0 (got {o.grad_clip}; clipping needs every bucket first) and "
