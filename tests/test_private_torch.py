@@ -46,4 +46,5 @@ def test_the_check_sees_each_kind_of_private_use():
     assert private_uses("from torch._utils import _flatten_dense_tensors")
     assert private_uses("import torch.distributed as dist\ndist.distributed_c10d._get_default_store()")
     assert private_uses("def f(model):\n    return model._get_ddp_logging_data()")
-    assert not private_uses("import torch\nclass A:\n    def f(self):\n        return self._x + torch.ones(1)")
+    own = "import torch\nclass A:\n    def f(self):\n        return self._x + torch.ones(1)"
+    assert not private_uses(own)
