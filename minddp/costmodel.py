@@ -144,6 +144,12 @@ class Calibration:
     # completion floor: a bucket that finishes under backward counts as in flight until the
     # engine notices (a callback that needs the GIL backward holds), measured at world 1
     floor_per_bucket_s: float = 0.0
+    # alpha and beta fitted per collective where measured (gloo's reduce-scatter is not half
+    # its all-reduce); `fabric` (the all-reduce's) for the others
+    ops: tuple = ()  # ((op, Fabric), ...)
+
+    def fabric_for(self, op: str) -> Fabric:
+        return dict(self.ops).get(op, self.fabric)
 
     @classmethod
     def load(cls, path) -> "Calibration":
@@ -151,9 +157,11 @@ class Calibration:
 
         with open(path) as f:
             c = json.load(f)
-        fab = Fabric(c["alpha"], c["beta"], f"measured by minddp.bench --calibrate ({path})")
-        return cls(fab, c.get("overhead_per_bucket_s", 0.0), c.get("contention", {}).get("factor", 1.0),
-                   c.get("floor", {}).get("per_bucket_s", 0.0))
+        note = f"measured by minddp.bench --calibrate ({path})"
+        ops = tuple((op, Fabric(v["alpha"], v["beta"], note)) for op, v in c.get("ops", {}).items())
+        floor = c.get("floor", {}).get("per_bucket_s", 0.0)
+        return cls(Fabric(c["alpha"], c["beta"], note), c.get("overhead_per_bucket_s", 0.0),
+                   c.get("contention", {}).get("factor", 1.0), floor, ops)
 
 
 # the collective one bucket costs, per engine variant: DDP all-reduces; ZeRO-1 reduce-scatters
@@ -171,7 +179,7 @@ def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, ba
     backward ends."""
     if world <= 1 or not bucket_bytes:
         return {"busy_s": 0.0, "exposed_s": 0.0, "buckets": len(bucket_bytes)}
-    f, cost = cal.fabric, BUCKET_OPS[op]
+    f, cost = cal.fabric_for(op), BUCKET_OPS[op]
     # buckets launched under backward share the cores with it and wait to be noticed; the
     # last one is launched when backward ends (it holds the first layers' gradients) and the
     # end-of-backward wait notices it at once

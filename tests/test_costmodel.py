@@ -126,7 +126,9 @@ def test_zero1_moves_the_same_bytes_and_shards_the_states():
 def _calibrate(rank, world_size, path):
     from minddp.tools.bench import write_calibration
 
-    rows = run_op("all_reduce", [2**k for k in range(12, 22, 3)], torch.float32, warmup=1, iters=5)
+    sizes = [2**k for k in range(12, 22, 3)]
+    rows = [*run_op("all_reduce", sizes, torch.float32, warmup=1, iters=5),
+            *run_op("reduce_scatter", sizes, torch.float32, warmup=1, iters=5)]
     tiny = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}  # the floor, quickly: 0.4 MB
     return write_calibration(path, rows, world_size, torch.device("cpu"),
                              floor={"model_cfg": tiny, "cap_mb": 0.05})
@@ -140,6 +142,9 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     assert cal.contention >= 1.0 and cal.overhead_per_bucket_s > 0
     assert cal.floor_per_bucket_s == cal_dict["floor"]["per_bucket_s"] > 0
     assert cal_dict["floor"]["buckets"] > 1  # measured over several buckets at world 1
+    rs = cal.fabric_for("reduce_scatter")  # its own fit, read back
+    fit = cal_dict["ops"]["reduce_scatter"]
+    assert (rs.alpha, rs.beta) == (fit["alpha"], fit["beta"]) and rs != cal.fabric
     a, b = cal.fabric.alpha, cal.fabric.beta
     ring = lambda m: cm.ring_all_reduce_time(m, 2, a, b)  # noqa: E731
     # one bucket: launched when backward ends, so no contention; plus the engine's cost
@@ -193,6 +198,15 @@ def test_zero1_variant_reduce_scatters_each_bucket():
     d = cm.predict_ddp_comm(sizes, 3, _cal(), backward_s=1.0)
     assert cm.predict_ddp_comm(sizes, 3, _cal(), 1.0, op="reduce_scatter")["busy_s"] == pytest.approx(
         d["busy_s"] / 2)
+
+
+def test_zero1_variant_uses_the_reduce_scatters_own_fit():
+    slow_rs = cm.Fabric(1e-3, 0.2e9, "gloo's reduce-scatter, measured")
+    cal = cm.Calibration(cm.Fabric(400e-6, 1e9, "x"), ops=(("reduce_scatter", slow_rs),))
+    z = cm.predict_ddp_comm([4e6], 2, cal, backward_s=1.0, op="reduce_scatter")
+    assert z["busy_s"] == pytest.approx(cm.reduce_scatter_time(4e6, 2, 1e-3, 0.2e9))
+    d = cm.predict_ddp_comm([4e6], 2, cal, backward_s=1.0)  # the all-reduce keeps its own
+    assert d["busy_s"] == pytest.approx(cm.ring_all_reduce_time(4e6, 2, 400e-6, 1e9))
 
 
 def test_calibration_without_a_floor_still_loads(tmp_path):

@@ -216,7 +216,11 @@ def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
     """alpha and beta from `rows`, then contention, engine cost and the completion floor
     (`floor`: completion_floor's arguments, for a quicker measurement in tests)."""
     alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
-    cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta,
+    ops = {}  # every other measured collective's own fit (ZeRO-1's reduce-scatter)
+    for op in sorted({r["op"] for r in rows} - {"all_reduce"}):
+        a, b = fit_alpha_beta([r for r in rows if r["op"] == op], n)
+        ops[op] = {"alpha": a, "beta": b}
+    cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta, "ops": ops,
            "contention": contention_factor(device),
            "overhead_per_bucket_s": engine_overhead_per_bucket(device),
            "floor": completion_floor(device, **(floor or {}))}

@@ -206,7 +206,7 @@ def report(args, group, cal, cores, results) -> str:
              f"1 thread per rank on {cores} cores; {args.repeats} run(s) of each configuration in "
              "rotated order, medians (spread: min-max over the runs; the machine is shared, so "
              "single runs are noisy). Prediction: `costmodel.predict_ddp_comm` with "
-             f"alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s, "
+             f"alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s{own_fits(cal)}, "
              f"contention x{cal.contention:.2f}, "
              f"engine {cal.overhead_per_bucket_s * 1e6:.0f} us per bucket, completion floor "
              f"{cal.floor_per_bucket_s * 1e3:.2f} ms per bucket under backward ({f.note}).", "",
@@ -229,6 +229,11 @@ def report(args, group, cal, cores, results) -> str:
                      f"{ms(r['predicted_exposed_s'])} |")
     lines += ["", *reading(results, cal)]
     return "\n".join(lines)
+
+
+def own_fits(cal: Calibration) -> str:
+    return "".join(f" ({op}: alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s)"
+                   for op, f in cal.ops)
 
 
 def advice(results, cal: Calibration) -> str:
