@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import _compat, collectives
+from . import collectives
 
 # Backends whose all-reduce implements ReduceOp.AVG natively (gloo does in torch 2.13).
 _NATIVE_AVG = {"gloo", "nccl"}
@@ -288,9 +288,7 @@ class ReduceScatter(Reduction):
         return self.layout.flat_params, [p.detach() for p in module.parameters() if id(p) not in flat]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
-        lo, hi = self.layout.shard_range(b)
-        return WorkFuture(_compat.reduce_scatter_single(
-            buffer[lo:hi], buffer, op=self.op, group=self.reducer.group, async_op=True))
+        return collectives.reduce_scatter_in_place(buffer, self.reducer.group, self.op)
 
     def finish(self, b: int, result) -> int:  # in place: the shard already holds its average
         buffer = self.layout.buckets[b].buffer
@@ -318,20 +316,6 @@ def flatten_params(params: list[torch.Tensor], layout) -> list[torch.Tensor]:
             p.data = view
         flats.append(flat)
     return flats
-
-
-class WorkFuture:
-    """A Work seen as the engine's futures are (gloo's reduce-scatter has no get_future())."""
-
-    def __init__(self, work):
-        self.work = work
-
-    def done(self) -> bool:
-        return self.work.is_completed()
-
-    def wait(self):
-        self.work.wait()  # on CUDA: the current stream waits, the host does not
-        return None
 
 
 def make_reduction(reducer: BucketReducer, compress: str | None, shard: bool, params) -> Reduction:

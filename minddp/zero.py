@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import _compat, gradnorm
+from . import _compat, collectives, gradnorm
 
 
 @dataclass
@@ -129,12 +129,8 @@ class ShardedOptimizer:
         # launched now, waited for by the next forward: the last bucket first, since it holds
         # the first layers (buckets follow backward's order), which the forward needs first
         layout = self.ddp.layout
-        for b in reversed(range(len(layout.buckets))):
-            lo, hi = layout.shard_range(b)
-            flat = layout.flat_params[b]
-            # in place: the input is this rank's slice of the output (NCCL's in-place layout)
-            self._gathers[b] = _compat.all_gather_single(
-                flat, flat[lo:hi], group=self.ddp.process_group, async_op=True)
+        for b in reversed(range(len(layout.buckets))):  # in place: each rank's slice to every rank
+            self._gathers[b] = collectives.all_gather_in_place(layout.flat_params[b], self.ddp.process_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.ddp.module.zero_grad(set_to_none=set_to_none)
