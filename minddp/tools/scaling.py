@@ -272,8 +272,10 @@ def reading(results, cal: Calibration) -> list[str]:
                 "communication thread, which needs the GIL, and a backward thread holding it yields "
                 "only every switch interval (5 ms): a bucket counts as busy until it is noticed. The "
                 "last bucket is launched when backward ends and is noticed at once")
-    out += (". Rows at world 4 are oversubscribed (4 ranks on 2 cores): they time-share cores, which no "
-            "per-collective model captures, and their efficiency is not reported.")
+    out += "."
+    if any(r["oversubscribed"] for r in results):
+        out += (" Oversubscribed rows (more ranks than cores) time-share cores, which no per-collective "
+                "model captures, and their efficiency is not reported.")
     return [out] + (["", advice(results, cal)] if advice(results, cal) else [])
 
 
