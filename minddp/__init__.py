@@ -16,4 +16,4 @@ __all__ = [
     "bf16_compress_hook",
     "fp16_compress_hook",
 ]
-__version__ = "0.1.0"
+__version__ = "0.3.0"

@@ -157,7 +157,7 @@ class Calibration:
 
         with open(path) as f:
             c = json.load(f)
-        note = f"measured by minddp.bench --calibrate ({path})"
+        note = f"measured by minddp bench --calibrate ({path})"
         ops = tuple((op, Fabric(v["alpha"], v["beta"], note)) for op, v in c.get("ops", {}).items())
         floor = c.get("floor", {}).get("per_bucket_s", 0.0)
         return cls(Fabric(c["alpha"], c["beta"], note), c.get("overhead_per_bucket_s", 0.0),

@@ -230,7 +230,7 @@ def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
     return cal
 
 
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minddp bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
@@ -246,7 +246,11 @@ def main(argv=None) -> None:
                     help="also measure contention and per-bucket engine cost; write the calibration JSON")
     ap.add_argument("--csv")
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
     device = start(args.backend).device
     n, rank = dist.get_world_size(), dist.get_rank()
     sizes, s = [], int(args.minbytes)
@@ -278,19 +282,23 @@ def main(argv=None) -> None:
     bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
         print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")
-        if args.csv:
-            with open(args.csv, "w") as f:
-                f.write("op,size,count,type,time_us,algbw,busbw,wrong\n")
-                for r in all_rows:
-                    f.write(",".join(str(r[k]) for k in ("op", "size", "count", "type", "time_us",
-                                                         "algbw", "busbw", "wrong")) + "\n")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"world_size": n, "rows": all_rows, "memcpy_gbs": bw / 1e9}, f, indent=1)
+        _write_rows(args, all_rows, n, bw)
     bad = sum(r["wrong"] for r in all_rows)
     dist.destroy_process_group()
     if bad:
         raise SystemExit(f"{bad} wrong elements")
+
+
+def _write_rows(args, all_rows: list[dict], n: int, bw: float) -> None:
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("op,size,count,type,time_us,algbw,busbw,wrong\n")
+            for r in all_rows:
+                f.write(",".join(str(r[k]) for k in ("op", "size", "count", "type", "time_us",
+                                                     "algbw", "busbw", "wrong")) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"world_size": n, "rows": all_rows, "memcpy_gbs": bw / 1e9}, f, indent=1)
 
 
 if __name__ == "__main__":
