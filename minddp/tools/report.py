@@ -21,19 +21,10 @@ import json
 import statistics
 from pathlib import Path
 
+from ..train.resume_check import flatten
 from .cli import pyplot
 
 IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def load_run(run_dir: Path) -> dict | None:
