@@ -167,18 +167,23 @@ def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = 
 
 
 # One bucket's worth (torch's default cap; torch's own module sync uses 250 MB): the flattened
-# copy each chunk needs stays small, so wrapping never holds a second copy of the model.
+# copy each chunk needs stays small. A tensor of 1 MiB or more travels as it is (in place, no
+# copy): wrapping then never holds a second copy of the model's large tensors at all.
 _BROADCAST_CHUNK_BYTES = 25 * 1024 * 1024
+_BROADCAST_ALONE_BYTES = 1024 * 1024
 
 
 @torch.no_grad()
 def broadcast_coalesced(tensors: list[torch.Tensor], group, src: int) -> None:
-    """Broadcast `tensors` in place from global rank `src`, one flat tensor per dtype/device
-    chunk of at most 25 MB (as torch DDP's module-state sync, in smaller chunks)."""
+    """Broadcast `tensors` in place from global rank `src`: large contiguous tensors one by
+    one as they are, the small ones as one flat tensor per dtype/device chunk of <= 25 MB."""
     if dist.get_world_size(group) == 1 or not tensors:
         return
     groups: dict[tuple, list[list[torch.Tensor]]] = {}
     for t in tensors:
+        if t.is_contiguous() and t.nbytes >= _BROADCAST_ALONE_BYTES:
+            dist.broadcast(t, src=src, group=group)
+            continue
         chunks = groups.setdefault((t.dtype, t.device), [[]])
         if chunks[-1] and sum(x.nbytes for x in chunks[-1]) + t.nbytes > _BROADCAST_CHUNK_BYTES:
             chunks.append([])

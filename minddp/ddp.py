@@ -250,6 +250,13 @@ class DistributedDataParallel(nn.Module):
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
         self._reduced_since_forward = True
         self._expect_sync = False
+        self._reduce_rest_and_wait()
+        self._check_usage_flags()
+        if not self.rebuilt:  # after the wait's locals are gone, so the old buffers can go
+            self.rebuild(self._ready_order)
+
+    def _reduce_rest_and_wait(self) -> None:
+        """Launch the buckets not yet launched, then wait for every bucket in order."""
         buckets = self.layout.buckets
         self.observer.backward_end(self._next_bucket)
         for b in range(self._next_bucket, len(buckets)):
@@ -267,9 +274,6 @@ class DistributedDataParallel(nn.Module):
             if self.post_reduce is not None:  # e.g. step this bucket's parameters now
                 self.post_reduce(b)
         self.observer.wait_end(wire_bytes)
-        self._check_usage_flags()
-        if not self.rebuilt:
-            self.rebuild(self._ready_order)
 
     def _check_usage_flags(self) -> None:
         """On every rank, whatever is recorded: a parameter unused on some rank is an error,

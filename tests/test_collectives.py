@@ -84,3 +84,19 @@ def test_rejects_integer_tensors_and_unknown_ops():
         C._check(torch.zeros(2, dtype=torch.int64), "sum")
     with pytest.raises(ValueError):
         C._check(torch.zeros(2), "max")
+
+
+def _broadcast_mixed(rank, world_size):
+    # large contiguous tensors travel alone, in place; small and non-contiguous ones coalesced
+    big = torch.full((300_000,), float(rank))  # 1.2 MB
+    small = [torch.full((5,), float(rank)), torch.full((3,), rank, dtype=torch.int64)]
+    strided = torch.full((600, 600), float(rank)).t()  # 1.4 MB, not contiguous
+    storage = big.data_ptr()
+    C.broadcast_coalesced([small[0], big, strided, small[1]], dist.group.WORLD, src=1)
+    assert big.data_ptr() == storage  # in place
+    return [t.unique().tolist() for t in (big, strided, *small)]
+
+
+def test_broadcast_coalesced_sends_large_tensors_alone_and_in_place():
+    for got in multiproc.run(_broadcast_mixed, 3):
+        assert got == [[1.0], [1.0], [1.0], [1]]
