@@ -98,6 +98,8 @@ def coefficients(op: str, n: int) -> tuple[float, float]:
         "tree_all_reduce": (2 * lg, 2 * lg),
         "reduce_scatter": (n - 1, (n - 1) / n),
         "all_gather": (n - 1, (n - 1) / n),
+        "zero1_reduce_scatter": (n - 1, (n - 1) / n),  # the same bytes, in place (n reduces on gloo)
+        "zero1_all_gather": (n - 1, (n - 1) / n),
         "all_to_all": (n - 1, (n - 1) / n),
         "broadcast": (lg, 1.0),
         "reduce": (lg, 1.0),

@@ -128,7 +128,9 @@ def _calibrate(rank, world_size, path):
 
     sizes = [2**k for k in range(12, 22, 3)]
     rows = [*run_op("all_reduce", sizes, torch.float32, warmup=1, iters=5),
-            *run_op("reduce_scatter", sizes, torch.float32, warmup=1, iters=5)]
+            *run_op("zero1_reduce_scatter", sizes, torch.float32, warmup=1, iters=5),
+            *run_op("zero1_all_gather", sizes, torch.float32, warmup=1, iters=5)]
+    assert all(r["wrong"] == 0 for r in rows), rows  # the engine's in-place ZeRO-1 collectives
     tiny = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}  # the floor, quickly: 0.4 MB
     return write_calibration(path, rows, world_size, torch.device("cpu"),
                              floor={"model_cfg": tiny, "cap_mb": 0.05})
@@ -142,8 +144,9 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     assert cal.contention >= 1.0 and cal.overhead_per_bucket_s > 0
     assert cal.floor_per_bucket_s == cal_dict["floor"]["per_bucket_s"] > 0
     assert cal_dict["floor"]["buckets"] > 1  # measured over several buckets at world 1
-    rs = cal.fabric_for("reduce_scatter")  # its own fit, read back
-    fit = cal_dict["ops"]["reduce_scatter"]
+    rs = cal.fabric_for("reduce_scatter")  # the engine's own reduce-scatter's fit, read back
+    fit = cal_dict["ops"]["zero1_reduce_scatter"]
+    assert cal_dict["ops"]["reduce_scatter"] == fit and "all_gather" in cal_dict["ops"]
     assert (rs.alpha, rs.beta) == (fit["alpha"], fit["beta"]) and rs != cal.fabric
     a, b = cal.fabric.alpha, cal.fabric.beta
     ring = lambda m: cm.ring_all_reduce_time(m, 2, a, b)  # noqa: E731

@@ -38,7 +38,8 @@ from ..costmodel import busbw_factor, coefficients, parse_size
 from .cli import start, timed
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
-       "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce"]
+       "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce",
+       "zero1_reduce_scatter", "zero1_all_gather"]  # ZeRO-1's in place (minddp.collectives)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
@@ -71,6 +72,20 @@ def _setup(op: str, nbytes: int, dtype, n: int, r: int, device=None):
             x.copy_(pos + r + 1)
             fn()
             return (out != (n * pos[r * per:(r + 1) * per] + n * (n + 1) / 2).to(dtype)).sum().item()
+    elif op == "zero1_reduce_scatter":  # the engine's own: in place, this rank's slice reduced
+        fn = lambda: C.reduce_scatter_in_place(x, dist.group.WORLD, dist.ReduceOp.SUM).wait()  # noqa: E731
+        def check():
+            x.copy_(pos + r + 1)
+            fn()
+            mine = slice(r * per, (r + 1) * per)
+            return (x[mine] != (n * pos[mine] + n * (n + 1) / 2).to(dtype)).sum().item()
+    elif op == "zero1_all_gather":
+        fn = lambda: C.all_gather_in_place(x, dist.group.WORLD).wait()  # noqa: E731
+        def check():
+            x.fill_(-1)
+            x[r * per:(r + 1) * per] = r + 1
+            fn()
+            return (x != (torch.arange(count, device=device) // per + 1).to(dtype)).sum().item()
     elif op == "all_gather":
         mine = torch.empty(per, dtype=dtype, device=device)
         fn = lambda: dist.all_gather_into_tensor(x, mine)  # noqa: E731
@@ -216,10 +231,12 @@ def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
     """alpha and beta from `rows`, then contention, engine cost and the completion floor
     (`floor`: completion_floor's arguments, for a quicker measurement in tests)."""
     alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
-    ops = {}  # every other measured collective's own fit (ZeRO-1's reduce-scatter)
-    for op in sorted({r["op"] for r in rows} - {"all_reduce"}):
+    ops = {}  # every other measured collective's own fit; the engine's own ZeRO-1 collectives
+    for op in sorted({r["op"] for r in rows} - {"all_reduce"}):  # (zero1_*) stand for the op
         a, b = fit_alpha_beta([r for r in rows if r["op"] == op], n)
         ops[op] = {"alpha": a, "beta": b}
+    for op in [op for op in ops if op.startswith("zero1_")]:
+        ops[op.removeprefix("zero1_")] = ops[op]  # what the cost model's reduce-scatter means here
     cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta, "ops": ops,
            "contention": contention_factor(device),
            "overhead_per_bucket_s": engine_overhead_per_bucket(device),
