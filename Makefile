@@ -71,7 +71,7 @@ bench-collectives: install
 
 # alpha-beta fit, contention, the engine's per-bucket cost and completion floor: docs/calibration.json
 calibrate: install
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all_reduce,zero1_reduce_scatter,zero1_all_gather -e 64MiB -n 30 -w 5 \
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp bench --op all_reduce,zero1_reduce_scatter,zero1_all_gather -e 64MiB -n 30 -w 5 --repeats 3 \
 	  --calibrate docs/calibration.json
 
 # every run under DIR (a multirun, a Slurm sweep, several train.py runs): DIR/report.{md,png}

@@ -149,9 +149,17 @@ class Calibration:
     # alpha and beta fitted per collective where measured (gloo's reduce-scatter is not half
     # its all-reduce); `fabric` (the all-reduce's) for the others
     ops: tuple = ()  # ((op, Fabric), ...)
+    # how much slower a collective progresses while backward runs on the same cores, fitted
+    # from the engine itself (bench.under_backward_fit): where present, buckets are simulated
+    # (in order, slowed until backward ends) instead of contention and floor per bucket
+    under_backward: tuple = ()  # ((op, slowdown), ...)
+    backward_share: float = 2 / 3  # backward's share of forward + backward (measured with the above)
 
     def fabric_for(self, op: str) -> Fabric:
         return dict(self.ops).get(op, self.fabric)
+
+    def slowdown_for(self, op: str) -> float | None:
+        return dict(self.under_backward).get(op)
 
     @classmethod
     def load(cls, path) -> "Calibration":
@@ -161,9 +169,12 @@ class Calibration:
             c = json.load(f)
         note = f"measured by minddp bench --calibrate ({path})"
         ops = tuple((op, Fabric(v["alpha"], v["beta"], note)) for op, v in c.get("ops", {}).items())
+        fits = c.get("under_backward", {})
+        under = tuple((op, v["slowdown"]) for op, v in fits.items())
+        share = fits.get("all_reduce", {}).get("backward_share", 2 / 3)
         floor = c.get("floor", {}).get("per_bucket_s", 0.0)
         return cls(Fabric(c["alpha"], c["beta"], note), c.get("overhead_per_bucket_s", 0.0),
-                   c.get("contention", {}).get("factor", 1.0), floor, ops)
+                   c.get("contention", {}).get("factor", 1.0), floor, ops, under, share)
 
 
 # the collective one bucket costs, per engine variant: DDP all-reduces; ZeRO-1 reduce-scatters
@@ -174,30 +185,55 @@ BUCKET_OPS = {"all_reduce": ring_all_reduce_time, "reduce_scatter": reduce_scatt
 def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, backward_s: float = 0.0,
                      overlap: bool = True, op: str = "all_reduce") -> dict:
     """Busy time (at least one bucket in flight) and exposed time of one step's gradient
-    reduction: one collective per bucket (`op`: a ring all-reduce, or ZeRO-1's reduce-scatter),
-    slowed by `contention` and held in flight by the completion floor when it runs under
-    backward (every bucket but the last), plus the engine's per-bucket cost; exposed is what
-    does not fit under backward, and at least the last bucket, which can only start when
-    backward ends."""
+    reduction: one collective per bucket (`op`: a ring all-reduce, or ZeRO-1's reduce-scatter)
+    plus the engine's per-bucket cost. With the calibration's under-backward slowdown the
+    buckets are simulated (`simulate_buckets`); else a bucket launched under backward (every
+    one but the last) is slowed by `contention` and held in flight by the completion floor.
+    Exposed is what does not fit under backward, and at least the last bucket, which can only
+    start when backward ends."""
     if world <= 1 or not bucket_bytes:
         return {"busy_s": 0.0, "exposed_s": 0.0, "buckets": len(bucket_bytes)}
     f, cost = cal.fabric_for(op), BUCKET_OPS[op]
-    # buckets launched under backward share the cores with it and wait to be noticed; the
-    # last one is launched when backward ends (it holds the first layers' gradients) and the
-    # end-of-backward wait notices it at once
-    last = len(bucket_bytes) - 1
-    under = [overlap and k < last for k in range(len(bucket_bytes))]
-    per = [cost(b, world, f.alpha, f.beta) * (cal.contention if u else 1.0) + cal.overhead_per_bucket_s
-           + (cal.floor_per_bucket_s if u else 0.0) for b, u in zip(bucket_bytes, under)]
-    busy = sum(per)
-    exposed = max(per[-1], busy - backward_s) if overlap else busy
+    alone = [cost(b, world, f.alpha, f.beta) + cal.overhead_per_bucket_s for b in bucket_bytes]
+    slowdown = cal.slowdown_for(op)
+    if slowdown is not None and overlap:
+        busy, end = simulate_buckets(bucket_bytes, alone, backward_s, slowdown)
+        exposed = max(alone[-1], end - backward_s)
+    else:
+        # buckets launched under backward share the cores with it and wait to be noticed; the
+        # last one is launched when backward ends (it holds the first layers' gradients) and
+        # the end-of-backward wait notices it at once
+        last = len(bucket_bytes) - 1
+        per = [a + (cost(b, world, f.alpha, f.beta) * (cal.contention - 1) + cal.floor_per_bucket_s
+                    if overlap and k < last else 0.0) for k, (b, a) in enumerate(zip(bucket_bytes, alone))]
+        busy = sum(per)
+        exposed = max(per[-1], busy - backward_s) if overlap else busy
     # communication under backward on shared cores takes its CPU from backward: of its busy
     # time, the fraction 1 - 1/contention is added to the step (0 with dedicated cores)
     # (the floor is waiting, not work: it steals nothing)
-    shared = sum(p - cal.floor_per_bucket_s for p in per[:-1]) if overlap else 0.0
+    shared = sum(cost(b, world, f.alpha, f.beta) * cal.contention + cal.overhead_per_bucket_s
+                 for b in bucket_bytes[:-1]) if overlap else 0.0
     stolen = min(shared, backward_s) * (1 - 1 / cal.contention) if cal.contention > 1 else 0.0
     return {"busy_s": busy, "exposed_s": exposed, "stolen_s": stolen, "cost_s": exposed + stolen,
             "buckets": len(bucket_bytes)}
+
+
+def simulate_buckets(bucket_bytes: list[float], alone_s: list[float], backward_s: float,
+                     slowdown: float) -> tuple[float, float]:
+    """(busy, last done) of one step's buckets. Bucket k is launched once backward has produced
+    its share of the gradients (the last when backward ends); the process group runs them one
+    after another; each needs `alone_s[k]` of work, done `slowdown` times slower while backward
+    still runs on the same cores, at full speed after. Busy is the union of [launch, done]."""
+    total, ready, free, busy = sum(bucket_bytes), 0.0, 0.0, 0.0
+    for k, (b, work) in enumerate(zip(bucket_bytes, alone_s)):
+        ready += b
+        launch = backward_s * ready / total if k < len(alone_s) - 1 else backward_s
+        start = max(launch, free)
+        slow = max(0.0, backward_s - start) / slowdown  # the work that fits before backward ends
+        done = start + work * slowdown if work <= slow else max(start, backward_s) + work - slow
+        busy += done - start  # queued behind the bucket before: that part is already counted
+        free = done
+    return busy, free
 
 
 def bucket_bytes(total: float, cap_mb: float | None, tensor_bytes: float | None = None) -> list[float]:

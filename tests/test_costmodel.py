@@ -3,6 +3,7 @@
 import math
 import statistics
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -132,8 +133,13 @@ def _calibrate(rank, world_size, path):
             *run_op("zero1_all_gather", sizes, torch.float32, warmup=1, iters=5)]
     assert all(r["wrong"] == 0 for r in rows), rows  # the engine's in-place ZeRO-1 collectives
     tiny = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32}  # the floor, quickly: 0.4 MB
-    return write_calibration(path, rows, world_size, torch.device("cpu"),
-                             floor={"model_cfg": tiny, "cap_mb": 0.05})
+    again = [{**r, "time_us": r["time_us"] * 3} for r in rows]  # a slow repeat: the median is between
+    cal = write_calibration(path, rows, world_size, torch.device("cpu"), more_rows=[again, again],
+                            floor={"model_cfg": tiny, "cap_mb": 0.05}, under={"caps": (0.05, 0.1), "reps": 3})
+    assert cal["repeats"] == 3
+    assert cal["alpha"] == pytest.approx(3 * fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"],
+                                                            world_size)[0])  # the median: a slow one
+    return cal
 
 
 def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
@@ -148,6 +154,13 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     fit = cal_dict["ops"]["zero1_reduce_scatter"]
     assert cal_dict["ops"]["reduce_scatter"] == fit and "all_gather" in cal_dict["ops"]
     assert (rs.alpha, rs.beta) == (fit["alpha"], fit["beta"]) and rs != cal.fabric
+    for op in ("all_reduce", "reduce_scatter"):  # fitted from the engine at several bucket layouts
+        fit = cal_dict["under_backward"][op]
+        assert cal.slowdown_for(op) == fit["slowdown"] >= 1.0
+        assert len({len(p["bucket_bytes"]) for p in fit["points"]}) == 2
+        assert all(p["busy_s"] > 0 and p["backward_s"] > 0 for p in fit["points"])
+    assert 0 < cal.backward_share < 1
+    cal = replace(cal, under_backward=())  # below: the per-bucket formula, without the simulation
     a, b = cal.fabric.alpha, cal.fabric.beta
     ring = lambda m: cm.ring_all_reduce_time(m, 2, a, b)  # noqa: E731
     # one bucket: launched when backward ends, so no contention; plus the engine's cost
@@ -227,6 +240,25 @@ def test_the_floor_moves_bucket_advice_to_fewer_buckets():
     free = cm.best_bucket_mb(*args, calibration=_cal(), tensor_bytes=0.4e6)[0]
     floored = cm.best_bucket_mb(*args, calibration=_cal(floor=3e-3, contention=1.9), tensor_bytes=0.4e6)[0]
     assert floored > free
+
+
+def test_simulated_buckets_queue_in_order_and_slow_down_under_backward():
+    # nothing under backward (it ended before any launch): each bucket takes its alone time
+    assert cm.simulate_buckets([1, 1], [0.01, 0.02], 0.0, 4.0) == pytest.approx((0.03, 0.03))
+    # launched at 0.5 and 1.0 (half the bytes each) in a 1 s backward, 3x slower until it ends
+    busy, end = cm.simulate_buckets([1, 1], [0.1, 0.1], 1.0, 3.0)
+    assert busy == pytest.approx(0.3 + 0.1) and end == pytest.approx(1.1)
+    # a bucket that outlasts backward finishes its work at full speed: 0.5 s slow = 1/6 done
+    busy, end = cm.simulate_buckets([1, 1], [0.4, 0.1], 1.0, 3.0)
+    assert end == pytest.approx(1.0 + (0.4 - 0.5 / 3) + 0.1)  # then the last one, queued behind it
+    assert busy == pytest.approx(end - 0.5)  # one busy period from the first launch
+    # in the calibrated prediction: more buckets under backward, more busy time; the last
+    # bucket's share of the exposed time stays its alone time
+    cal = cm.Calibration(cm.Fabric(400e-6, 1e9, "x"), under_backward=(("all_reduce", 3.0),))
+    few, many = ([8e6, 8e6], [2e6] * 8)
+    p_few, p_many = (cm.predict_ddp_comm(x, 2, cal, backward_s=0.2) for x in (few, many))
+    assert p_many["busy_s"] > p_few["busy_s"]
+    assert p_few["exposed_s"] >= cm.ring_all_reduce_time(8e6, 2, 400e-6, 1e9)
 
 
 def test_committed_calibration_agrees_with_make_bench_on_the_bucket_cap():

@@ -43,7 +43,8 @@ def test_zero1_rows_are_predicted_as_reduce_scatters(tmp_path, monkeypatch, draw
         _fake(runs / scaling.run_name("ddp", 2, 25, k), busy)
         _fake(runs / scaling.run_name("zero1", 2, 25, k), busy / 2)
     cal = {"alpha": 400e-6, "beta": 1e9, "contention": {"factor": 2.0}, "overhead_per_bucket_s": 1e-4,
-           "floor": {"per_bucket_s": 3e-3}}
+           "floor": {"per_bucket_s": 3e-3},  # the all-reduce simulated, the reduce-scatter per bucket
+           "under_backward": {"all_reduce": {"slowdown": 3.0, "backward_share": 0.7}}}
     (tmp_path / "cal.json").write_text(json.dumps(cal))
     scaling.main(["--reuse", str(runs), "--worlds", "2", "--caps", "25", "--repeats", "3", "--warmup", "1",
                   "--variants", "ddp,zero1", "--out", str(tmp_path / "s"),
@@ -52,9 +53,12 @@ def test_zero1_rows_are_predicted_as_reduce_scatters(tmp_path, monkeypatch, draw
     rows = {c[2]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines)}
     assert rows["ddp"][8:10] == ["60.0", "50.0-70.0"] and rows["zero1"][8:10] == ["30.0", "25.0-35.0"]
     c = cm.Calibration.load(tmp_path / "cal.json")
-    ring = cm.predict_ddp_comm([10e6] * 4, 2, c, 0.49 * 2 / 3)["busy_s"]
-    rs = cm.predict_ddp_comm([10e6] * 4, 2, c, 0.49 * 2 / 3, op="reduce_scatter")["busy_s"]
+    backward = 0.49 / 2 * 0.7  # the synchronised micro-step's (2 per step at world 2), its share
+    ring = cm.predict_ddp_comm([10e6] * 4, 2, c, backward)["busy_s"]
+    rs = cm.predict_ddp_comm([10e6] * 4, 2, c, backward, op="reduce_scatter")["busy_s"]
     assert float(rows["ddp"][10]) == pytest.approx(ring * 1e3, abs=0.05)
     assert float(rows["zero1"][10]) == pytest.approx(rs * 1e3, abs=0.05)
-    # three of the floor's 3 ms buckets under backward: the column without it is that much lower
-    assert float(rows["ddp"][12]) == pytest.approx((ring - 3 * 3e-3) / 0.06, abs=0.01)
+    # the collectives alone: 4 buckets, each its ring time and the engine's cost, nothing beside
+    alone = 4 * (cm.ring_all_reduce_time(10e6, 2, 400e-6, 1e9) + 1e-4)
+    assert float(rows["ddp"][12]) == pytest.approx(alone / 0.06, abs=0.01)
+    assert ring > alone * 1.2 and rs > alone / 2  # what backward's company costs

@@ -17,8 +17,9 @@ squares, and the machine's memory-copy bandwidth is printed as the physical refe
 `--calibrate FILE` (make calibrate) also measures what the DDP cost model needs beyond
 alpha and beta, and writes all of it as JSON for `minddp costmodel --calibration`
 and `minddp scaling`:
-- contention: a 4 MB all-reduce timed alone and while this rank runs matmuls (as it does
-  during backward); where communication shares cores with compute, the ratio is > 1;
+- contention: a 4 MB all-reduce timed alone and launched under the backward of make scaling's
+  GPT (every rank computing, as during training), less the completion floor; where
+  communication shares cores with compute, the ratio is > 1;
 - the engine's CPU cost per bucket (launch, hooks, wait), with communication stubbed out;
 - the per-bucket completion floor: the engine at world 1 (each rank in a group of one) on
   make scaling's GPT, busy time per bucket launched under backward (`completion_floor`).
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 
 import torch
 import torch.distributed as dist
 
 from .. import collectives as C
-from ..costmodel import busbw_factor, coefficients, parse_size
+from ..costmodel import busbw_factor, coefficients, parse_size, simulate_buckets
 from .cli import start, timed
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -161,25 +163,47 @@ def memcpy_bandwidth(nbytes=256 * 2**20, reps=5, device=None) -> float:
     return nbytes * reps / seconds
 
 
-def contention_factor(device, nbytes: int = 4 * 2**20, reps: int = 8) -> dict:
-    """All-reduce time alone, and while the calling thread computes (a matmul loop, as during
-    backward): the ratio says how much compute slows communication on these cores."""
-    x = torch.ones(nbytes // 4, device=device)
-    a = torch.randn(256, 256, device=device)
+# make scaling's GPT and its micro-batch (train.micro_batch_size=2): the floor and the contention
+# depend on what backward runs beside the communication
+FLOOR_MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128}
+FLOOR_BATCH = 2
+
+
+def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int = FLOOR_BATCH,
+                      nbytes: int = 4 * 2**20, reps: int = 6) -> dict:
+    """A bucket-sized all-reduce timed alone, and launched under the backward of make scaling's
+    GPT (what the engine's buckets share the cores with: every rank computing at once, memory
+    traffic included), to its completion callback as the engine notices it. Less the
+    completion floor (`floor_s`, counted apart), the ratio says how much backward slows
+    communication on these cores."""
+    import time
+
+    import torch.nn.functional as F
+
+    from ..train.model import GPT, GPTConfig
+
+    cfg = model_cfg or FLOOR_MODEL
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**cfg)).to(device)
+    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
+    buf = torch.ones(nbytes // 4, device=device)
     alone, busy = [], []
     for _ in range(reps):
-        alone.append(timed(lambda: dist.all_reduce(x), device))
-
-        def overlapped():
-            work = dist.all_reduce(x, async_op=True)
-            while not work.is_completed():
-                a @ a  # the compute the collective has to share the machine with
-            work.wait()
-        busy.append(timed(overlapped, device))
+        alone.append(timed(lambda: dist.all_reduce(buf), device))
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        dist.barrier()
+        done = []
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        work.get_future().then(lambda f: done.append(time.perf_counter()))
+        loss.backward()  # far longer than the all-reduce: it runs entirely under backward
+        work.wait()
+        model.zero_grad(set_to_none=True)
+        busy.append((done[0] if done else time.perf_counter()) - t0)
     t = torch.tensor([statistics.median(alone), statistics.median(busy)], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {"bytes": nbytes, "alone_s": t[0].item(), "with_compute_s": t[1].item(),
-            "factor": max(1.0, t[1].item() / t[0].item())}
+    return {"bytes": nbytes, "batch": batch, "alone_s": t[0].item(), "under_backward_s": t[1].item(),
+            "floor_s": floor_s, "factor": max(1.0, (t[1].item() - floor_s) / t[0].item())}
 
 
 def engine_overhead_per_bucket(device) -> float:
@@ -193,11 +217,9 @@ def engine_overhead_per_bucket(device) -> float:
     return max(0.0, per_bucket_cost(base, x, reps=10)["minddp"][0])
 
 
-# make scaling's GPT and micro-batch: the floor depends on how backward holds the GIL
-FLOOR_MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128}
 
 
-def completion_floor(device, model_cfg=None, batch: int = 2, cap_mb: float = 1.0, reps: int = 4) -> dict:
+def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: float = 1.0, reps: int = 4) -> dict:
     """The per-bucket completion floor at world 1: each rank runs the engine alone in a group of
     one (all ranks at once, as they share the cores at world 2), so nothing crosses a wire, and
     the busy time per bucket launched under backward is what noticing completions costs (a
@@ -227,9 +249,98 @@ def completion_floor(device, model_cfg=None, batch: int = 2, cap_mb: float = 1.0
     return {"per_bucket_s": t.item(), "buckets": buckets, "cap_mb": cap_mb, "batch": batch, "model": cfg}
 
 
-def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
-    """alpha and beta from `rows`, then contention, engine cost and the completion floor
-    (`floor`: completion_floor's arguments, for a quicker measurement in tests)."""
+# caps the under-backward fit runs the engine at: other bucket layouts than make scaling's caps
+# (1, 5, 25, 100 MB) give, so its predictions there are out of sample
+UNDER_CAPS = (3.0, 8.0, 12.0, 16.0)
+
+
+def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce", caps=UNDER_CAPS,
+                       model_cfg=None, batch: int = FLOOR_BATCH, reps: int = 10) -> dict:
+    """How much slower a bucket's collective progresses while backward runs beside it, fitted
+    from the engine itself at this world size on make scaling's GPT: the slowdown for which
+    `costmodel.simulate_buckets` (the alone (alpha, beta) fit, buckets in order, slowed until
+    backward ends) gives the busy times measured at `caps`. It takes in all that makes a
+    bucket wait under backward here: cores shared with compute, the completion callback,
+    the ranks' skew. Also measured: backward's share of forward + backward."""
+    import time
+
+    import torch.nn.functional as F
+
+    from ..costmodel import BUCKET_OPS
+    from ..ddp import DistributedDataParallel
+    from ..train.model import GPT, GPTConfig
+
+    cfg, n = model_cfg or FLOOR_MODEL, dist.get_world_size()
+    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
+    points = []
+    for cap in caps:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(GPT(GPTConfig(**cfg)).to(device), bucket_cap_mb=cap,
+                                      shard_optimizer=op == "reduce_scatter")
+        busy, backward, forward = [], [], []
+        for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            t1 = time.perf_counter()
+            loss.backward()
+            s = ddp.comm_stats
+            if r >= 2:
+                busy.append(s.busy_s)
+                forward.append(t1 - t0)
+                backward.append(time.perf_counter() - t1 - s.exposed_wait_s)
+            ddp.zero_grad(set_to_none=True)
+        t = torch.tensor([statistics.median(v) for v in (busy, backward, forward)], dtype=torch.float64,
+                         device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        points.append({"cap_mb": cap, "bucket_bytes": [b.grad_nbytes for b in ddp.layout.buckets],
+                       "busy_s": t[0].item(), "backward_s": t[1].item(), "forward_s": t[2].item()})
+    cost = BUCKET_OPS[op]
+
+    def error(slowdown: float) -> float:
+        total = 0.0
+        for p in points:
+            work = [cost(b, n, *alone) for b in p["bucket_bytes"]]
+            busy = simulate_buckets(p["bucket_bytes"], work, p["backward_s"], slowdown)[0]
+            total += math.log(busy / p["busy_s"]) ** 2
+        return total
+
+    slowdown = min((1.05 ** k for k in range(100)), key=error)  # 1 to ~125, 5% apart
+    share = statistics.median(p["backward_s"] / (p["backward_s"] + p["forward_s"]) for p in points)
+    return {"slowdown": slowdown, "backward_share": share, "batch": batch, "points": points}
+
+
+def write_calibration(path, rows, n, device, floor: dict | None = None, under: dict | None = None,
+                      more_rows=()) -> dict:
+    """alpha and beta from `rows`, then contention, engine cost, the completion floor and the
+    under-backward fits (`floor`, `under`: completion_floor's and under_backward_fit's
+    arguments, for a quicker measurement in tests). With `more_rows` (the sweep repeated),
+    everything is measured once per sweep and each figure is the median over the repeats."""
+    runs = [_calibration(r, n, device, floor, under) for r in [rows, *more_rows]]
+    cal = {**runs[0], "repeats": len(runs), "alpha": _median(runs, "alpha"), "beta": _median(runs, "beta"),
+           "overhead_per_bucket_s": _median(runs, "overhead_per_bucket_s")}
+    cal["ops"] = {op: {k: _median([r["ops"][op] for r in runs], k) for k in ("alpha", "beta")}
+                  for op in runs[0]["ops"]}
+    cal["floor"] = _middle([r["floor"] for r in runs], "per_bucket_s")
+    cal["contention"] = _middle([r["contention"] for r in runs], "factor")
+    if "under_backward" in cal:
+        cal["under_backward"] = {op: _middle([r["under_backward"][op] for r in runs], "slowdown")
+                                 for op in runs[0]["under_backward"]}
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(cal, f, indent=1)
+    return cal
+
+
+def _median(dicts: list[dict], key: str) -> float:
+    return statistics.median(d[key] for d in dicts)
+
+
+def _middle(dicts: list[dict], key: str) -> dict:
+    """The measurement whose `key` is the median (the lower middle one of an even count)."""
+    return sorted(dicts, key=lambda d: d[key])[(len(dicts) - 1) // 2]
+
+
+def _calibration(rows, n, device, floor: dict | None, under: dict | None) -> dict:
     alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
     ops = {}  # every other measured collective's own fit; the engine's own ZeRO-1 collectives
     for op in sorted({r["op"] for r in rows} - {"all_reduce"}):  # (zero1_*) stand for the op
@@ -238,12 +349,15 @@ def write_calibration(path, rows, n, device, floor: dict | None = None) -> dict:
     for op in [op for op in ops if op.startswith("zero1_")]:
         ops[op.removeprefix("zero1_")] = ops[op]  # what the cost model's reduce-scatter means here
     cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta, "ops": ops,
-           "contention": contention_factor(device),
            "overhead_per_bucket_s": engine_overhead_per_bucket(device),
            "floor": completion_floor(device, **(floor or {}))}
-    if dist.get_rank() == 0:
-        with open(path, "w") as f:
-            json.dump(cal, f, indent=1)
+    quick = {k: v for k, v in (floor or {}).items() if k in ("model_cfg", "batch")}
+    cal["contention"] = contention_factor(device, cal["floor"]["per_bucket_s"], **quick)
+    if n > 1:  # the engine's own collectives under backward (ZeRO-1's where its fit was measured)
+        fits = {"all_reduce": (alpha, beta), **{op: (ops[op]["alpha"], ops[op]["beta"])
+                                                for op in ("reduce_scatter",) if op in ops}}
+        cal["under_backward"] = {op: under_backward_fit(device, ab, op, **(under or {}), **quick)
+                                 for op, ab in fits.items()}
     return cal
 
 
@@ -259,6 +373,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-n", "--iters", type=int, default=10)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                     help="auto: nccl on CUDA (device cuda:LOCAL_RANK), else gloo on CPU")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="with --calibrate: measure everything this often, keep the medians")
     ap.add_argument("--calibrate", metavar="FILE",
                     help="also measure contention and per-bucket engine cost; write the calibration JSON")
     ap.add_argument("--csv")
@@ -290,12 +406,18 @@ def main(argv=None) -> None:
                 alpha, beta = fit_alpha_beta(rows, n)
                 print(f"# alpha-beta fit ({op}): alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
     if args.calibrate:
-        cal = write_calibration(args.calibrate, all_rows, n, device)
+        more = [[r for op in ops for r in run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters, device)]
+                for _ in range(args.repeats - 1)]
+        cal = write_calibration(args.calibrate, all_rows, n, device, more_rows=more)
         if rank == 0:
             print(f"\n# calibration -> {args.calibrate}: alpha {cal['alpha'] * 1e6:.1f} us, beta "
                   f"{cal['beta'] / 1e9:.3f} GB/s, contention x{cal['contention']['factor']:.2f}, engine "
                   f"{cal['overhead_per_bucket_s'] * 1e6:.0f} us per bucket, completion floor "
                   f"{cal['floor']['per_bucket_s'] * 1e3:.2f} ms per bucket under backward")
+            for op, fit in cal.get("under_backward", {}).items():
+                caps = ", ".join(f"{p['cap_mb']:g}" for p in fit["points"])
+                print(f"# {op} under backward (the engine at caps {caps} MB): x{fit['slowdown']:.2f} slower, "
+                      f"backward {fit['backward_share']:.2f} of forward + backward")
     bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
         print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")

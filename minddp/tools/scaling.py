@@ -20,6 +20,7 @@ cores there, so efficiency says nothing about the method. Writes <out>.md and <o
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -29,12 +30,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from ..costmodel import PRESETS, Calibration, best_bucket_mb, predict_ddp_comm
 from .cli import pyplot
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, outputs/
-MODEL = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=128",
-         "train.global_batch_size=8", "train.micro_batch_size=2", "data=synthetic"]
+STUDY_GPT = {"n_layer": 6, "n_embd": 384, "n_head": 6, "block_size": 128}
+STUDY_BATCH = (8, 2)  # global batch, micro-batch
+MODEL = [*(f"model.{k}={v}" for k, v in STUDY_GPT.items()), f"train.global_batch_size={STUDY_BATCH[0]}",
+         f"train.micro_batch_size={STUDY_BATCH[1]}", "data=synthetic"]
 
 
 # variant -> the overrides that make it; run at world 2 beside DDP (make scaling: --variants auto)
@@ -95,16 +100,38 @@ def combine(runs: list[dict]) -> dict:
 
 
 def predict(s: dict, world: int, cal: Calibration, variant: str = "ddp") -> dict:
-    """The model's busy and exposed time for the run's own buckets; backward taken as 2/3 of
-    the step's compute (the step minus its exposed wait). ZeRO-1 reduce-scatters each bucket
-    in backward (its all-gather is not in the engine's busy time); the optimizer overlap moves
-    the same bytes as DDP."""
-    buckets = [s["bytes"] / s["collectives"]] * s["collectives"] if s["collectives"] else []
-    backward = (s["step_s"] - s["exposed_s"]) * 2 / 3
+    """The model's busy and exposed time for the run's own buckets. Backward: the synchronised
+    micro-step's, from the step's compute (the step minus its exposed wait) split over the
+    micro-steps, its share measured by `make calibrate` (2/3 without one). ZeRO-1
+    reduce-scatters each bucket in backward (its all-gather is not in the engine's busy time);
+    the optimizer overlap moves the same bytes as DDP. `alone_s`: the collectives as if
+    nothing ran beside them (no contention, floor or slowdown)."""
+    buckets = study_buckets(s["cap"], s["collectives"], s["bytes"])
+    backward = (s["step_s"] - s["exposed_s"]) / accumulation(world) * cal.backward_share
     op = "reduce_scatter" if variant == "zero1" else "all_reduce"
     full = predict_ddp_comm(buckets, world, cal, backward, op=op)
-    bare = predict_ddp_comm(buckets, world, replace(cal, floor_per_bucket_s=0.0), backward, op=op)
-    return {**full, "without_floor_s": bare["busy_s"]}
+    alone = replace(cal, contention=1.0, floor_per_bucket_s=0.0, under_backward=())
+    return {**full, "alone_s": predict_ddp_comm(buckets, world, alone, backward, op=op)["busy_s"]}
+
+
+def accumulation(world: int) -> int:
+    """Micro-steps per step in the study (global batch 8, micro-batch 2)."""
+    return max(1, STUDY_BATCH[0] // (STUDY_BATCH[1] * world))
+
+
+@functools.cache
+def study_buckets(cap: float, count: int, nbytes: int) -> tuple[float, ...]:
+    """The engine's bucket sizes (launch order) for the study's GPT at `cap`; equal shares of
+    the measured bytes where the run had another number of buckets."""
+    from ..buckets import TensorSpec, assign_buckets
+    from ..train.model import GPT, GPTConfig
+
+    with torch.device("meta"):
+        params = [p for p in GPT(GPTConfig(**STUDY_GPT)).parameters() if p.requires_grad]
+    plan = assign_buckets([TensorSpec.of(p) for p in params], list(reversed(range(len(params)))), cap)
+    if len(plan) != count:
+        return tuple([nbytes / count] * count) if count else ()
+    return tuple(float(sum(params[i].numel() for i in b) * 4) for b in plan)
 
 
 def calibration(path: str | None, preset: str) -> Calibration:
@@ -187,9 +214,9 @@ def analyse(runs: dict, cal: Calibration) -> list[dict]:
     for (v, w, c), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], list(VARIANTS).index(kv[0][0]),
                                                              kv[0][1])):
         s = combine(rs)
-        p = predict(s, w, cal, v)
+        p = predict({**s, "cap": c}, w, cal, v)
         results.append({"variant": v, "world": w, "cap": c, **s, "predicted_busy_s": p["busy_s"],
-                        "predicted_exposed_s": p["exposed_s"], "without_floor_s": p["without_floor_s"]})
+                        "predicted_exposed_s": p["exposed_s"], "alone_s": p["alone_s"]})
     base = {r["cap"]: r["step_s"] for r in results if r["world"] == 1 and r["variant"] == "ddp"}
     for r in results:
         r["oversubscribed"] = r["world"] * 1 > cores  # one thread per rank
@@ -212,7 +239,7 @@ def report(args, group, cal, cores, results) -> str:
              f"{cal.floor_per_bucket_s * 1e3:.2f} ms per bucket under backward ({f.note}).", "",
              "| world | cap (MB) | variant | buckets | step (ms) | step spread (ms) | tokens/s | efficiency "
              "| busy measured (ms) | busy spread (ms) | busy predicted (ms) | predicted / measured "
-             "| without the floor / measured | exposed measured (ms) | exposed predicted (ms) |",
+             "| collectives alone / measured | exposed measured (ms) | exposed predicted (ms) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
     for r in results:
@@ -220,7 +247,7 @@ def report(args, group, cal, cores, results) -> str:
         eff = "-" if eff == "nan" else eff  # no world-1 run at this cap
         multi = r["world"] > 1 and r["busy_s"]
         ratio = f"{r['predicted_busy_s'] / r['busy_s']:.2f}" if multi else "-"
-        bare = f"{r['without_floor_s'] / r['busy_s']:.2f}" if multi else "-"
+        bare = f"{r['alone_s'] / r['busy_s']:.2f}" if multi else "-"
         lines.append(f"| {r['world']} | {r['cap']:g} | {r['variant']} | {r['collectives']} | "
                      f"{ms(r['step_s'])} | {ms(r['step_spread'][0])}-{ms(r['step_spread'][1])} | "
                      f"{r['tokens_per_s']:.0f} | {eff} | {ms(r['busy_s'])} | "
@@ -262,16 +289,25 @@ def reading(results, cal: Calibration) -> list[str]:
            f"for DDP at {fit([r for r in w2 if r['variant'] == 'ddp'])}")
     for v in sorted({r["variant"] for r in w2} - {"ddp"}):
         out += f"; for {v} at {fit([r for r in w2 if r['variant'] == v])}"
+    slow = cal.slowdown_for("all_reduce")
+    if slow is not None:
+        out += (f". The model runs each step's buckets in order, each needing its alone time (the "
+                f"alpha-beta fit) and progressing x{slow:.2f} slower while backward still runs on the "
+                "same cores, at full speed after; that slowdown is fitted by `make calibrate` from the "
+                "engine itself at other caps (it takes in cores shared with compute, the completion "
+                "callback and the ranks' skew). The column `collectives alone` is the same model with "
+                "nothing beside the collectives: what backward's company costs. ZeRO-1's reduce-scatter "
+                "(n in-place reduces on gloo) and the optimizer overlap (bucket steps compete with the "
+                "buckets still in flight, after backward) are predicted with the same slowdown until "
+                "backward ends, which they outlast")
     small = min(w1.values(), key=lambda r: r["cap"]) if w1 else None
     if small and small["collectives"] > 1:
         seen = small["busy_s"] / (small["collectives"] - 1) * 1e3
-        out += (f". The completion floor ({cal.floor_per_bucket_s * 1e3:.2f} ms per bucket launched under "
-                f"backward, measured by `make calibrate` with the engine alone at world 1) is what the "
-                f"world-1 rows show: {seen:.2f} ms per bucket at {small['cap']:g} MB, where nothing crosses "
-                "a wire. The engine learns that a collective finished through a callback on the "
-                "communication thread, which needs the GIL, and a backward thread holding it yields "
-                "only every switch interval (5 ms): a bucket counts as busy until it is noticed. The "
-                "last bucket is launched when backward ends and is noticed at once")
+        out += (f". At world 1 nothing crosses a wire, yet a bucket stays in flight "
+                f"{seen:.2f} ms at {small['cap']:g} MB (`make calibrate` measures this completion floor "
+                f"at {cal.floor_per_bucket_s * 1e3:.2f} ms): the engine learns that a collective finished "
+                "through a callback on the communication thread, which has to wait for a core and the "
+                "GIL while backward runs")
     out += "."
     if any(r["oversubscribed"] for r in results):
         out += (" Oversubscribed rows (more ranks than cores) time-share cores, which no per-collective "
