@@ -152,13 +152,14 @@ class Calibration:
     # how much slower a collective progresses while backward runs on the same cores, fitted
     # from the engine itself (bench.under_backward_fit): where present, buckets are simulated
     # (in order, slowed until backward ends) instead of contention and floor per bucket
-    under_backward: tuple = ()  # ((op, slowdown), ...)
+    under_backward: tuple = ()  # ((op, (slowdown, delay_s)), ...)
     backward_share: float = 2 / 3  # backward's share of forward + backward (measured with the above)
 
     def fabric_for(self, op: str) -> Fabric:
         return dict(self.ops).get(op, self.fabric)
 
-    def slowdown_for(self, op: str) -> float | None:
+    def slowdown_for(self, op: str) -> tuple[float, float] | None:
+        """(slowdown, delay_s) of `op` under backward, where fitted."""
         return dict(self.under_backward).get(op)
 
     @classmethod
@@ -170,7 +171,7 @@ class Calibration:
         note = f"measured by minddp bench --calibrate ({path})"
         ops = tuple((op, Fabric(v["alpha"], v["beta"], note)) for op, v in c.get("ops", {}).items())
         fits = c.get("under_backward", {})
-        under = tuple((op, v["slowdown"]) for op, v in fits.items())
+        under = tuple((op, (v["slowdown"], v.get("delay_s", 0.0))) for op, v in fits.items())
         share = fits.get("all_reduce", {}).get("backward_share", 2 / 3)
         floor = c.get("floor", {}).get("per_bucket_s", 0.0)
         return cls(Fabric(c["alpha"], c["beta"], note), c.get("overhead_per_bucket_s", 0.0),
@@ -195,9 +196,9 @@ def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, ba
         return {"busy_s": 0.0, "exposed_s": 0.0, "buckets": len(bucket_bytes)}
     f, cost = cal.fabric_for(op), BUCKET_OPS[op]
     alone = [cost(b, world, f.alpha, f.beta) + cal.overhead_per_bucket_s for b in bucket_bytes]
-    slowdown = cal.slowdown_for(op)
-    if slowdown is not None and overlap:
-        busy, end = simulate_buckets(bucket_bytes, alone, backward_s, slowdown)
+    under = cal.slowdown_for(op)
+    if under is not None and overlap:
+        busy, end = simulate_buckets(bucket_bytes, alone, backward_s, *under)
         exposed = max(alone[-1], end - backward_s)
     else:
         # buckets launched under backward share the cores with it and wait to be noticed; the
@@ -219,18 +220,20 @@ def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, ba
 
 
 def simulate_buckets(bucket_bytes: list[float], alone_s: list[float], backward_s: float,
-                     slowdown: float) -> tuple[float, float]:
+                     slowdown: float, delay_s: float = 0.0) -> tuple[float, float]:
     """(busy, last done) of one step's buckets. Bucket k is launched once backward has produced
     its share of the gradients (the last when backward ends); the process group runs them one
     after another; each needs `alone_s[k]` of work, done `slowdown` times slower while backward
-    still runs on the same cores, at full speed after. Busy is the union of [launch, done]."""
+    still runs on the same cores, at full speed after, and one that starts under backward
+    waits `delay_s` first (its threads wait for a core). Busy is the union of [launch, done]."""
     total, ready, free, busy = sum(bucket_bytes), 0.0, 0.0, 0.0
     for k, (b, work) in enumerate(zip(bucket_bytes, alone_s)):
         ready += b
         launch = backward_s * ready / total if k < len(alone_s) - 1 else backward_s
         start = max(launch, free)
-        slow = max(0.0, backward_s - start) / slowdown  # the work that fits before backward ends
-        done = start + work * slowdown if work <= slow else max(start, backward_s) + work - slow
+        begin = start + delay_s if start < backward_s else start
+        slow = max(0.0, backward_s - begin) / slowdown  # the work that fits before backward ends
+        done = begin + work * slowdown if work <= slow else max(begin, backward_s) + work - slow
         busy += done - start  # queued behind the bucket before: that part is already counted
         free = done
     return busy, free

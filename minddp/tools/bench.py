@@ -145,11 +145,13 @@ def run_op(op, sizes, dtype, warmup, iters, device=None):
 
 
 def fit_alpha_beta(rows, n) -> tuple[float, float]:
-    """Least squares for t = ca*alpha + cb*size*(1/beta); returns (alpha s, beta bytes/s)."""
+    """Least squares for t = ca*alpha + cb*size*(1/beta) in relative error (each size counts
+    alike: in absolute error the largest sizes decide alpha too, from their noise);
+    returns (alpha s, beta bytes/s)."""
     ca, cb = coefficients(rows[0]["op"], n)
-    A = torch.tensor([[ca, cb * r["size"]] for r in rows], dtype=torch.float64)
     y = torch.tensor([r["time_us"] * 1e-6 for r in rows], dtype=torch.float64)
-    sol = torch.linalg.lstsq(A, y.unsqueeze(1)).solution.flatten()
+    A = torch.tensor([[ca, cb * r["size"]] for r in rows], dtype=torch.float64) / y.unsqueeze(1)
+    sol = torch.linalg.lstsq(A, torch.ones_like(y).unsqueeze(1)).solution.flatten()
     alpha, inv_beta = sol.tolist()
     return alpha, (1 / inv_beta if inv_beta > 0 else float("inf"))
 
@@ -288,7 +290,9 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
                 busy.append(s.busy_s)
                 forward.append(t1 - t0)
                 backward.append(time.perf_counter() - t1 - s.exposed_wait_s)
-            ddp.zero_grad(set_to_none=True)
+            # zeroed in place: backward accumulates into the bucket views, as the synchronised
+            # micro-step does in training (set to None, each gradient would be copied in)
+            ddp.zero_grad(set_to_none=False)
         t = torch.tensor([statistics.median(v) for v in (busy, backward, forward)], dtype=torch.float64,
                          device=device)
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
@@ -296,17 +300,18 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
                        "busy_s": t[0].item(), "backward_s": t[1].item(), "forward_s": t[2].item()})
     cost = BUCKET_OPS[op]
 
-    def error(slowdown: float) -> float:
+    def error(guess: tuple[float, float]) -> float:
         total = 0.0
         for p in points:
             work = [cost(b, n, *alone) for b in p["bucket_bytes"]]
-            busy = simulate_buckets(p["bucket_bytes"], work, p["backward_s"], slowdown)[0]
+            busy = simulate_buckets(p["bucket_bytes"], work, p["backward_s"], *guess)[0]
             total += math.log(busy / p["busy_s"]) ** 2
         return total
 
-    slowdown = min((1.05 ** k for k in range(100)), key=error)  # 1 to ~125, 5% apart
+    grid = [(1.05 ** k, d * 2.5e-4) for k in range(60) for d in range(80)]  # x1-17, 0-20 ms
+    slowdown, delay = min(grid, key=error)
     share = statistics.median(p["backward_s"] / (p["backward_s"] + p["forward_s"]) for p in points)
-    return {"slowdown": slowdown, "backward_share": share, "batch": batch, "points": points}
+    return {"slowdown": slowdown, "delay_s": delay, "backward_share": share, "batch": batch, "points": points}
 
 
 def write_calibration(path, rows, n, device, floor: dict | None = None, under: dict | None = None,
@@ -416,8 +421,9 @@ def main(argv=None) -> None:
                   f"{cal['floor']['per_bucket_s'] * 1e3:.2f} ms per bucket under backward")
             for op, fit in cal.get("under_backward", {}).items():
                 caps = ", ".join(f"{p['cap_mb']:g}" for p in fit["points"])
-                print(f"# {op} under backward (the engine at caps {caps} MB): x{fit['slowdown']:.2f} slower, "
-                      f"backward {fit['backward_share']:.2f} of forward + backward")
+                print(f"# {op} under backward (the engine at caps {caps} MB): x{fit['slowdown']:.2f} slower "
+                      f"after {fit['delay_s'] * 1e3:.2f} ms per bucket, backward {fit['backward_share']:.2f} "
+                      "of forward + backward")
     bw = memcpy_bandwidth(device=device) if rank == 0 else 0.0
     if rank == 0:
         print(f"\n# memory copy bandwidth ({device.type}, 256 MiB): {bw / 1e9:.2f} GB/s")

@@ -228,6 +228,8 @@ def report(args, group, cal, cores, results) -> str:
     f = cal.fabric
     cmd = (f"minddp scaling --worlds {args.worlds} --caps {args.caps} --repeats {args.repeats} "
            f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
+    if args.reuse:  # the runs of an earlier study, predicted again (e.g. after make calibrate)
+        cmd += f" --reuse {Path(args.reuse).name}"
     lines = [f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
              f"W&B group `{group}`; GPT 6 layers x 384 (10.8M parameters), global batch 8 x 128 tokens, "
              f"1 thread per rank on {cores} cores; {args.repeats} run(s) of each configuration in "
@@ -260,7 +262,7 @@ def report(args, group, cal, cores, results) -> str:
 
 def own_fits(cal: Calibration) -> str:
     return "".join(f" ({op}: alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s)"
-                   for op, f in cal.ops)
+                   for op, f in cal.ops if not op.startswith("zero1_"))  # (the same fits, aliased)
 
 
 def advice(results, cal: Calibration) -> str:
@@ -289,17 +291,18 @@ def reading(results, cal: Calibration) -> list[str]:
            f"for DDP at {fit([r for r in w2 if r['variant'] == 'ddp'])}")
     for v in sorted({r["variant"] for r in w2} - {"ddp"}):
         out += f"; for {v} at {fit([r for r in w2 if r['variant'] == v])}"
-    slow = cal.slowdown_for("all_reduce")
-    if slow is not None:
+    under = cal.slowdown_for("all_reduce")
+    if under is not None:
         out += (f". The model runs each step's buckets in order, each needing its alone time (the "
-                f"alpha-beta fit) and progressing x{slow:.2f} slower while backward still runs on the "
-                "same cores, at full speed after; that slowdown is fitted by `make calibrate` from the "
-                "engine itself at other caps (it takes in cores shared with compute, the completion "
-                "callback and the ranks' skew). The column `collectives alone` is the same model with "
+                f"alpha-beta fit); one that starts while backward still runs on the same cores waits "
+                f"{under[1] * 1e3:.2f} ms first and progresses x{under[0]:.2f} slower until backward "
+                "ends, at full speed after. Both are fitted by `make calibrate` from the engine itself "
+                "at other caps (3, 8, 12 and 16 MB): they take in cores shared with compute, the "
+                "completion callback and the ranks' skew. The column `collectives alone` is the same model with "
                 "nothing beside the collectives: what backward's company costs. ZeRO-1's reduce-scatter "
-                "(n in-place reduces on gloo) and the optimizer overlap (bucket steps compete with the "
-                "buckets still in flight, after backward) are predicted with the same slowdown until "
-                "backward ends, which they outlast")
+                "(n in-place reduces on gloo) has its own alone and under-backward fits; the optimizer "
+                "overlap is predicted as DDP, though its bucket steps compete with the buckets still in "
+                "flight after backward, which the model leaves out")
     small = min(w1.values(), key=lambda r: r["cap"]) if w1 else None
     if small and small["collectives"] > 1:
         seen = small["busy_s"] / (small["collectives"] - 1) * 1e3
