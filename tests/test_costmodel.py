@@ -156,7 +156,7 @@ def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     assert (rs.alpha, rs.beta) == (fit["alpha"], fit["beta"]) and rs != cal.fabric
     for op in ("all_reduce", "reduce_scatter"):  # fitted from the engine at several bucket layouts
         fit = cal_dict["under_backward"][op]
-        assert cal.slowdown_for(op) == fit["slowdown"] >= 1.0
+        assert cal.slowdown_for(op) == (fit["slowdown"], fit["delay_s"]) and fit["slowdown"] >= 1.0
         assert len({len(p["bucket_bytes"]) for p in fit["points"]}) == 2
         assert all(p["busy_s"] > 0 and p["backward_s"] > 0 for p in fit["points"])
     assert 0 < cal.backward_share < 1
@@ -254,7 +254,10 @@ def test_simulated_buckets_queue_in_order_and_slow_down_under_backward():
     assert busy == pytest.approx(end - 0.5)  # one busy period from the first launch
     # in the calibrated prediction: more buckets under backward, more busy time; the last
     # bucket's share of the exposed time stays its alone time
-    cal = cm.Calibration(cm.Fabric(400e-6, 1e9, "x"), under_backward=(("all_reduce", 3.0),))
+    # a bucket that starts under backward waits its delay first; one that starts after does not
+    busy, end = cm.simulate_buckets([1, 1], [0.1, 0.1], 1.0, 3.0, delay_s=0.05)
+    assert busy == pytest.approx(0.05 + 0.3 + 0.1) and end == pytest.approx(1.1)
+    cal = cm.Calibration(cm.Fabric(400e-6, 1e9, "x"), under_backward=(("all_reduce", (3.0, 0.0)),))
     few, many = ([8e6, 8e6], [2e6] * 8)
     p_few, p_many = (cm.predict_ddp_comm(x, 2, cal, backward_s=0.2) for x in (few, many))
     assert p_many["busy_s"] > p_few["busy_s"]
