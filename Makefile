@@ -79,9 +79,11 @@ DIR ?= outputs
 report: install
 	$(BIN)/minddp report $(DIR)
 
-# one step with overlap on and off, per rank: docs/timeline.{json,png}
+# one step with overlap on and off, per rank: docs/timeline.{json,png}; a ZeRO-1 step and the
+# forward after it (its all-gathers, the waits they cost): docs/timeline_zero1.{json,png}
 timeline: install
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m minddp timeline --zero1 --out docs/timeline_zero1
 
 # the trainer over world sizes and bucket caps, 3 rotated runs each, ZeRO-1 (and the optimizer
 # overlap, where the trainer has it) beside DDP at world 2: docs/scaling.{md,png}

@@ -27,6 +27,7 @@ so checkpoints load with or without sharding and at any number of ranks.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,10 @@ class ShardedOptimizer:
         self._slice_shards(inner)
         self.optim = optimizer_class(inner, **defaults)
         self._gathers: dict[int, object] = {}
+        # host time waited for all-gathers: since they were launched, and over the last step
+        # (what the forward before the last step() waited; minddp's metrics comm/exposed_gather_s)
+        self.gather_wait_s = self.exposed_gather_s = 0.0
+        self._seen_done: set[int] = set()  # gathers a traced forward saw finished
         ddp.reduction.release = self._release  # called before the engine rebuilds its buckets
         self._hooks = [m.register_forward_pre_hook(self._make_wait(m)) for m in ddp.module.modules()
                        if any(True for _ in m.parameters(recurse=False))]
@@ -123,6 +128,7 @@ class ShardedOptimizer:
             self._apply_state(self._pending_state)
             self._pending_state = None
         self.wait_params()
+        self.exposed_gather_s, self.gather_wait_s = self.gather_wait_s, 0.0
         for s in self._segments:
             s.tensor.grad = s.grad
         self.optim.step()
@@ -131,6 +137,7 @@ class ShardedOptimizer:
         layout = self.ddp.layout
         for b in reversed(range(len(layout.buckets))):  # in place: each rank's slice to every rank
             self._gathers[b] = collectives.all_gather_in_place(layout.flat_params[b], self.ddp.process_group)
+            self._note("gather_launch", b)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.ddp.module.zero_grad(set_to_none=set_to_none)
@@ -140,7 +147,28 @@ class ShardedOptimizer:
     def wait_params(self) -> None:
         """Wait for every pending all-gather (before reading parameters outside a forward)."""
         for b in list(self._gathers):
-            self._gathers.pop(b).wait()
+            self._wait(b)
+
+    def _wait(self, b: int) -> None:
+        t = time.perf_counter()
+        self._gathers.pop(b).wait()  # on CUDA the stream waits, not the host
+        self.gather_wait_s += time.perf_counter() - t
+        if self.ddp.trace is not None and b not in self._seen_done:  # (_poll marked the others)
+            self._note("gather_wait", b, t)  # the forward waited from t until now
+            self._note("gather_done", b)
+        self._seen_done.discard(b)
+
+    def _poll(self) -> None:
+        """Mark the all-gathers that have finished (only while a trace is recorded)."""
+        for b, work in self._gathers.items():
+            if b not in self._seen_done and work.done():
+                self._seen_done.add(b)
+                self._note("gather_done", b)
+
+    def _note(self, event: str, b: int, t: float | None = None) -> None:
+        """Into the engine's trace (minddp timeline, train.trace_step), when one is recorded."""
+        if self.ddp.trace is not None:
+            self.ddp.trace.append((event, b, time.perf_counter() if t is None else t))
 
     def _make_wait(self, module):
         mine = {id(p) for p in module.parameters(recurse=False)}
@@ -149,6 +177,8 @@ class ShardedOptimizer:
         def wait(mod, args):
             if not self._gathers:
                 return
+            if self.ddp.trace is not None:
+                self._poll()
             layout = self.ddp.layout
             if layout.version not in cache:
                 cache.clear()
@@ -156,7 +186,7 @@ class ShardedOptimizer:
                                                 if id(p) in mine})
             for b in cache[layout.version]:
                 if b in self._gathers:
-                    self._gathers.pop(b).wait()
+                    self._wait(b)
         return wait
 
     # ------------------------------------------------------- gradient norm

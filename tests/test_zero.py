@@ -155,6 +155,38 @@ def test_rebuild_keeps_no_second_copy_of_parameters_or_gradients(sharded):
         assert torch.equal(a[k], b[k]), k
 
 
+def _traced_step(rank, world_size):
+    from minddp.train.steptrace import StepTrace
+
+    torch.manual_seed(0)
+    ddp = minddp.DDP(MLP(width=64, depth=4), bucket_cap_mb=0.01, shard_optimizer=True)
+    opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=1e-2)
+    x, y = batch(0, world_size)
+    for _ in range(2):  # the first step rebuilds the buckets
+        nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        opt.step()
+    tr = StepTrace(ddp)
+    tr.start()
+    nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()  # waits for the gathers
+    opt.step()  # launches the next ones (recorded too: launched, not yet waited for)
+    trace, waited = tr.stop(), opt.exposed_gather_s
+    opt.zero_grad()
+    return {"comm": trace["comm"], "exposed": [s for s in trace["compute"] if s[0] == "exposed all-gather"],
+            "waited": waited, "buckets": len(ddp.layout.buckets)}
+
+
+def test_all_gathers_are_traced_and_their_exposed_wait_measured():
+    for got in multiproc.run(_traced_step, 2):
+        gathers = [(n, s, e) for n, s, e in got["comm"] if n.startswith("all-gather")]
+        assert all(0 <= s <= e for _, s, e in gathers)
+        before = [g for g in gathers if g[1] == 0]  # launched by the step before the trace started
+        assert len(before) == len(gathers) - len(before) == got["buckets"] > 1  # and by the traced one
+        assert sum(n.startswith("bucket") for n, _, _ in got["comm"]) == got["buckets"]  # reduce-scatters
+        # the forward's waits for the previous step's gathers: drawn as exposed, and what the
+        # optimizer reports for the step (comm/exposed_gather_s in the trainer's metrics)
+        assert got["waited"] == pytest.approx(sum(e - s for _, s, e in got["exposed"]), abs=1e-3)
+
+
 def _join_uneven(rank, world_size):
     torch.manual_seed(0)
     ddp = minddp.DDP(MLP(), bucket_cap_mb=0.002, shard_optimizer=True)
@@ -192,6 +224,9 @@ def test_train_py_with_and_without_sharding_gives_the_same_run(tmp_path, nproc):
     run_train(tmp_path / "plain", *args, nproc=nproc)
     run_train(tmp_path / "zero", *args, "ddp.shard_optimizer=true", nproc=nproc)
     assert_same_curves(metrics(tmp_path / "zero"), metrics(tmp_path / "plain"), atol=1e-5)
+    rows = [r for r in metrics(tmp_path / "zero") if "loss" in r]
+    assert all(0 <= r["comm/exposed_gather_s"] < r["step_time_s"] for r in rows)  # ZeRO-1's own row
+    assert not any("comm/exposed_gather_s" in r for r in metrics(tmp_path / "plain"))
     _same_model(final_model(tmp_path / "zero"), final_model(tmp_path / "plain"))
 
 

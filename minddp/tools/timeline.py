@@ -46,8 +46,13 @@ def main(argv=None) -> None:
     ap.add_argument("--compile", default="none", choices=["none", "model", "blocks", "all"],
                     help="torch.compile the whole model, each transformer block, or compare all three "
                          "(overlap on)")
+    ap.add_argument("--zero1", action="store_true",
+                    help="ZeRO-1 (shard_optimizer + ShardedOptimizer(AdamW)): the step's all-gathers "
+                         "under the next forward and backward")
     args = ap.parse_args(argv)
     device = start().device
+    if args.zero1:
+        return zero1_timeline(args, device)
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
     g = torch.Generator().manual_seed(dist.get_rank())
@@ -83,6 +88,69 @@ def main(argv=None) -> None:
     if dist.get_rank() == 0:
         print("wrote", *write(traces, args.out))
     dist.destroy_process_group()
+
+
+def zero1_timeline(args, device) -> None:
+    """One ZeRO-1 optimizer step and the forward and backward after it: each bucket's
+    all-gather from its launch in the step to its completion, the waits it cost the forward
+    (exposed all-gather), and the next backward's reduce-scatters."""
+    from torch.nn import functional as F
+
+    from ..ddp import DistributedDataParallel
+    from ..train.model import GPT, GPTConfig
+    from ..zero import ShardedOptimizer
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
+    model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, shard_optimizer=True)
+    opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-4, fused=device.type in ("cpu", "cuda"))
+    loss_of = lambda: F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())  # noqa: E731
+    for _ in range(3):  # warm-up (the first rebuilds the buckets); the last backward is traced below
+        opt.zero_grad()
+        loss_of().backward()
+        if _ < 2:
+            opt.step()
+    tr = StepTrace(model)
+    dist.barrier()
+    tr.start()
+    for name, work in (("optimizer", opt.step), ("forward", None), ("backward", None)):
+        t = time.perf_counter()
+        if name == "forward":
+            loss = loss_of()
+        elif name == "backward":
+            loss.backward()
+        else:
+            work()
+        sync(device)
+        tr.span(name, t, time.perf_counter())
+    exposed = opt.gather_wait_s  # the forward's waits for this step's all-gathers
+    trace = tr.stop()
+    label = (f"ZeRO-1: optimizer step, then forward and backward; {len(model.bucket_assignment)} buckets, "
+             f"cap {args.bucket_mb:g} MB")
+    per_rank = gather({**trace, "exposed_gather_s": exposed})
+    if dist.get_rank() == 0:
+        print("wrote", *write({label: per_rank}, args.out))
+        print(zero1_summary(per_rank))
+    dist.destroy_process_group()
+
+
+def zero1_summary(per_rank: list[dict]) -> str:
+    """Per rank: how long the all-gathers ran, how much of it the forward waited for."""
+    lines = []
+    for rank, tr in enumerate(per_rank):
+        spans = {n: (s, e) for n, s, e in tr["compute"]}
+        gathers = [(s, e) for n, s, e in tr["comm"] if n.startswith("all-gather")]
+        if not gathers:
+            continue
+        first, last = min(s for s, _ in gathers), max(e for _, e in gathers)
+        fwd = spans.get("forward", (0.0, 0.0))
+        lines.append(f"rank {rank}: all-gathers from {first * 1e3:.1f} to {last * 1e3:.1f} ms (the optimizer "
+                     f"step ends at {spans['optimizer'][1] * 1e3:.1f} ms, the forward runs "
+                     f"{fwd[0] * 1e3:.1f}-{fwd[1] * 1e3:.1f} ms); exposed all-gather "
+                     f"{tr['exposed_gather_s'] * 1e3:.2f} ms")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

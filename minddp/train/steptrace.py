@@ -36,6 +36,9 @@ class StepTrace:
         done = {b: t - self.t0 for e, b, t in events if e == "done"}
         marks = {e: t - self.t0 for e, b, t in events if b is None}
         comm = [(f"bucket {b}", launch[b], done.get(b, launch[b])) for b in sorted(launch)]
+        gathers, exposed = _gathers([(e, b, t - self.t0) for e, b, t in events])
+        comm += gathers
+        self.spans += exposed
         if "backward_end" in marks and "wait_end" in marks:
             # backward() returns after the engine's end-of-backward wait: split the span
             end = marks["backward_end"]
@@ -43,6 +46,26 @@ class StepTrace:
                           for n, s, e in self.spans]
             self.spans.append(("exposed wait", end, marks["wait_end"]))
         return {"compute": self.spans, "comm": comm}
+
+
+def _gathers(events: list[tuple]) -> tuple[list, list]:
+    """ZeRO-1's all-gathers (minddp.zero), launched by a step and waited for by the next
+    forward: (comm bars from launch to done, compute spans the forward spent waiting). A
+    gather launched before the trace started starts at 0; one still running ends at the
+    last event."""
+    start, bars, exposed, waiting = {}, [], [], {}
+    end = max((t for _, _, t in events), default=0.0)
+    for e, b, t in events:
+        if e == "gather_launch":
+            start[b] = t
+        elif e == "gather_wait":  # noted when the wait returned, its done right after
+            waiting[b] = t
+        elif e == "gather_done":
+            bars.append((f"all-gather {b}", start.pop(b, 0.0), t))
+            if b in waiting:
+                exposed.append(("exposed all-gather", waiting.pop(b), t))
+    bars += [(f"all-gather {b}", t, end) for b, t in start.items()]
+    return sorted(bars, key=lambda x: x[1]), exposed
 
 
 def gather(trace: dict) -> list[dict]:
@@ -70,7 +93,7 @@ def render(traces: dict[str, list[dict]], png: str) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B2",
-              "exposed wait": "#C44E52"}
+              "exposed wait": "#C44E52", "exposed all-gather": "#937860"}
     fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.6 + 1.3 * len(next(iter(traces.values())))
                                                             * len(traces)), squeeze=False)
     for ax, (label, per_rank) in zip(axes[:, 0], traces.items()):
@@ -78,7 +101,7 @@ def render(traces: dict[str, list[dict]], png: str) -> None:
         for rank, tr in enumerate(per_rank):
             y = rank * 3
             for name, s, e in tr["compute"]:
-                kind = name if name == "exposed wait" else name.split()[0]
+                kind = name if name.startswith("exposed") else name.split()[0]
                 ax.barh(y + 1, (e - s) * 1e3, left=s * 1e3, height=0.8, color=colors.get(kind, "#999"),
                         edgecolor="white", linewidth=0.5)
             for i, (_name, s, e) in enumerate(tr["comm"]):
@@ -90,7 +113,8 @@ def render(traces: dict[str, list[dict]], png: str) -> None:
         ax.set_title(label)
         ax.set_xlabel("ms since the step started")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in list(colors.values()) + ["#DD8452"]]
-    fig.legend(handles, list(colors) + ["bucket all-reduce"], loc="upper right", ncol=5, fontsize=8)
+    fig.legend(handles, list(colors) + ["collective (bucket, all-gather)"], loc="upper right", ncol=6,
+               fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -362,6 +362,8 @@ class Trainer:
                "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
                "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
                "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds}
+        if isinstance(self.opt, ShardedOptimizer):  # the last forward's wait for ZeRO-1's all-gathers
+            row["comm/exposed_gather_s"] = self.opt.exposed_gather_s
         self.skipped += sum(r.skipped for r in window)
         if self.skipped:
             row["skipped_steps"] = self.skipped
