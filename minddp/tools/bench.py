@@ -197,7 +197,7 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
         done = []
         t0 = time.perf_counter()
         work = dist.all_reduce(buf, async_op=True)
-        work.get_future().then(lambda f: done.append(time.perf_counter()))
+        work.get_future().then(lambda f, done=done: done.append(time.perf_counter()))
         loss.backward()  # far longer than the all-reduce: it runs entirely under backward
         work.wait()
         model.zero_grad(set_to_none=True)
@@ -221,7 +221,8 @@ def engine_overhead_per_bucket(device) -> float:
 
 
 
-def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: float = 1.0, reps: int = 4) -> dict:
+def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: float = 1.0,
+                     reps: int = 4) -> dict:
     """The per-bucket completion floor at world 1: each rank runs the engine alone in a group of
     one (all ranks at once, as they share the cores at world 2), so nothing crosses a wire, and
     the busy time per bucket launched under backward is what noticing completions costs (a
@@ -411,8 +412,9 @@ def main(argv=None) -> None:
                 alpha, beta = fit_alpha_beta(rows, n)
                 print(f"# alpha-beta fit ({op}): alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
     if args.calibrate:
-        more = [[r for op in ops for r in run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters, device)]
-                for _ in range(args.repeats - 1)]
+        sweep = lambda: [r for op in ops  # noqa: E731
+                         for r in run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters, device)]
+        more = [sweep() for _ in range(args.repeats - 1)]
         cal = write_calibration(args.calibrate, all_rows, n, device, more_rows=more)
         if rank == 0:
             print(f"\n# calibration -> {args.calibrate}: alpha {cal['alpha'] * 1e6:.1f} us, beta "

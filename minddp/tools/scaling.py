@@ -298,8 +298,8 @@ def reading(results, cal: Calibration) -> list[str]:
                 f"{under[1] * 1e3:.2f} ms first and progresses x{under[0]:.2f} slower until backward "
                 "ends, at full speed after. Both are fitted by `make calibrate` from the engine itself "
                 "at other caps (3, 8, 12 and 16 MB): they take in cores shared with compute, the "
-                "completion callback and the ranks' skew. The column `collectives alone` is the same model with "
-                "nothing beside the collectives: what backward's company costs. ZeRO-1's reduce-scatter "
+                "completion callback and the ranks' skew. The column `collectives alone` is the same model "
+                "with nothing beside the collectives: what backward's company costs. ZeRO-1's reduce-scatter "
                 "(n in-place reduces on gloo) has its own alone and under-backward fits; the optimizer "
                 "overlap is predicted as DDP, though its bucket steps compete with the buckets still in "
                 "flight after backward, which the model leaves out")
