@@ -67,3 +67,18 @@ def test_no_old_tool_module_is_given_as_a_command():
             cells = line.split("|")
             assert line.startswith("|") and len(cells) > 2 and "minddp " in cells[-2], \
                 f"README.md runs a tool by its old module name: {line}"
+
+
+def test_the_readme_memory_table_is_what_make_bench_memory_measured():
+    """The peaks quoted in the README are the committed docs/bench_memory.json's (largest rank)."""
+    import json
+
+    rows = json.loads((ROOT / "docs/bench_memory.json").read_text())["rows"]
+    peak = {(r["model"], r["dp"], r["config"]): max(x["peak"] for x in r["ranks"]) / 1e6
+            for r in rows if "ranks" in r}
+    columns = ["torch-ddp", "minddp-ddp", "minddp-zero1", "torch-zero"]
+    quoted = re.findall(r"^\| ([\d.]+M), (\d) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", README, re.M)
+    assert len(quoted) >= 3
+    for model, dp, *mb in quoted:
+        for config, value in zip(columns, mb):
+            assert round(peak[(f"gpt-{model}", int(dp), config)]) == int(value), (model, dp, config)
