@@ -3,6 +3,7 @@ and the engine tests' shared reference: a small MLP, seeded batches, per-rank sh
 
 from __future__ import annotations
 
+import glob
 import multiprocessing as mp
 import os
 import pickle
@@ -61,8 +62,36 @@ def run_expect_errors(fn, world_size: int, *args, timeout: float = 60.0) -> dict
     return {r: v for r, (_, v) in results.items()}
 
 
+def _comm_threads() -> list[str]:
+    """This process's threads that belong to a process group (gloo, its TCPStore), by name."""
+    names = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(comm) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return [n for n in names if n.startswith(("pt_gloo", "gloo_", "pt_tcpstore"))]
+
+
+def _context(fn, args):
+    """fork (fast: nothing to re-import) unless this process still runs a process group's
+    threads (a test that trained in process): a child forked from a process with such threads
+    can inherit a lock one of them held and hang. Then a fork server, itself started clean
+    (for a function it can import: a test's local function still forks)."""
+    if not _comm_threads():
+        return mp.get_context("fork")
+    try:
+        pickle.dumps((fn, args))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return mp.get_context("fork")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.multiproc"])
+    return ctx
+
+
 def _run(fn, world_size, args, timeout):
-    ctx = mp.get_context("fork")
+    ctx = _context(fn, args)
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, queue))
