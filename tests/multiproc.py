@@ -24,8 +24,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, port, args, queue):
+def _child(fn, rank, world_size, port, args, queue, env):
     try:
+        os.environ.clear()  # the test's environment (a fork server started with an older one)
+        os.environ.update(env)
         torch.set_num_threads(1)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -94,7 +96,7 @@ def _run(fn, world_size, args, timeout):
     ctx = _context(fn, args)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, queue))
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, queue, dict(os.environ)))
              for r in range(world_size)]
     for p in procs:
         p.start()
