@@ -72,7 +72,8 @@ class ShardedOptimizer:
         self.optim = optimizer_class(inner, **defaults)
         self._gathers: dict[int, object] = {}
         # host time waited for all-gathers: since they were launched, and over the last step
-        # (what the forward before the last step() waited; minddp's metrics comm/exposed_gather_s)
+        # (what the forward before the last step() waited; minddp's metrics comm/exposed_gather_s).
+        # Host time: on CUDA a wait only makes the stream wait, so there it reads about 0.
         self.gather_wait_s = self.exposed_gather_s = 0.0
         self._seen_done: set[int] = set()  # gathers a traced forward saw finished
         ddp.reduction.release = self._release  # called before the engine rebuilds its buckets

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from .. import collectives as C
 from ..costmodel import busbw_factor, coefficients, parse_size, simulate_buckets
 from .cli import start, timed
+from .scaling import STUDY_BATCH, STUDY_GPT
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
        "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce",
@@ -167,8 +168,16 @@ def memcpy_bandwidth(nbytes=256 * 2**20, reps=5, device=None) -> float:
 
 # make scaling's GPT and its micro-batch (train.micro_batch_size=2): the floor and the contention
 # depend on what backward runs beside the communication
-FLOOR_MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128}
-FLOOR_BATCH = 2
+FLOOR_MODEL, FLOOR_BATCH = STUDY_GPT, STUDY_BATCH[1]
+
+
+def _study_gpt(device, cfg: dict, batch: int):
+    """(make scaling's GPT, a batch of tokens for it), seeded alike on every rank."""
+    from ..train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**cfg)).to(device)
+    return model, torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
 
 
 def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int = FLOOR_BATCH,
@@ -182,12 +191,8 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
 
     import torch.nn.functional as F
 
-    from ..train.model import GPT, GPTConfig
 
-    cfg = model_cfg or FLOOR_MODEL
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**cfg)).to(device)
-    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
+    model, x = _study_gpt(device, model_cfg or FLOOR_MODEL, batch)
     buf = torch.ones(nbytes // 4, device=device)
     alone, busy = [], []
     for _ in range(reps):
@@ -231,14 +236,11 @@ def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: f
     import torch.nn.functional as F
 
     from ..ddp import DistributedDataParallel
-    from ..train.model import GPT, GPTConfig
 
     cfg = model_cfg or FLOOR_MODEL
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes each
-    torch.manual_seed(0)
-    ddp = DistributedDataParallel(GPT(GPTConfig(**cfg)).to(device), process_group=groups[dist.get_rank()],
-                                  bucket_cap_mb=cap_mb)
-    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
+    model, x = _study_gpt(device, cfg, batch)
+    ddp = DistributedDataParallel(model, process_group=groups[dist.get_rank()], bucket_cap_mb=cap_mb)
     per, buckets = [], 0
     for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
         F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
@@ -271,15 +273,12 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
 
     from ..costmodel import BUCKET_OPS
     from ..ddp import DistributedDataParallel
-    from ..train.model import GPT, GPTConfig
 
     cfg, n = model_cfg or FLOOR_MODEL, dist.get_world_size()
-    x = torch.randint(0, 256, (batch, cfg["block_size"] + 1), device=device)
     points = []
     for cap in caps:
-        torch.manual_seed(0)
-        ddp = DistributedDataParallel(GPT(GPTConfig(**cfg)).to(device), bucket_cap_mb=cap,
-                                      shard_optimizer=op == "reduce_scatter")
+        model, x = _study_gpt(device, cfg, batch)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap, shard_optimizer=op == "reduce_scatter")
         busy, backward, forward = [], [], []
         for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
             t0 = time.perf_counter()
