@@ -82,3 +82,87 @@ def test_the_readme_memory_table_is_what_make_bench_memory_measured():
     for model, dp, *mb in quoted:
         for config, value in zip(columns, mb):
             assert round(peak[(f"gpt-{model}", int(dp), config)]) == int(value), (model, dp, config)
+
+
+def bash_commands():
+    """Every command line of the README's ```bash blocks: (program, arguments), after the
+    leading VAR=value assignments, without the trailing comment."""
+    import shlex
+
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            words = shlex.split(line.split(" #", 1)[0].strip(), comments=True)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words = words[1:]
+            if words:
+                yield words[0], words[1:]
+
+
+def test_readme_commands_refer_to_things_that_exist():
+    """After `make train` and `source .venv/bin/activate`, each command's program, script,
+    module, tool and make target exists: the venv the Makefile makes, its console script,
+    the files in this repository."""
+    import importlib.util
+
+    import tomllib  # noqa: I001 - ruff's target version does not know it as stdlib
+
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert re.search(r"^VENV\s*\?=\s*\.venv$", makefile, re.M), "the README activates .venv"
+    seen = set()
+    for prog, args in bash_commands():
+        seen.add(prog)
+        if prog == "make":
+            assert args[0] in targets, f"README: make {args[0]}: no such target"
+        elif prog == "minddp":
+            assert "minddp" in scripts and args[0] in TOOLS, f"README: minddp {args[0]}: no such tool"
+        elif prog in ("python", "torchrun"):
+            own = args[:next((i for i, a in enumerate(args) if a.endswith(".py")), len(args))]
+            if "-m" in own:  # after the script, -m is Hydra's multirun
+                module = own[own.index("-m") + 1]
+                assert importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module), \
+                    f"README: -m {module}: no such module"
+            else:
+                script = next(a for a in args if a.endswith(".py"))
+                assert (ROOT / script).is_file(), f"README: {prog} {script}: no such file"
+        elif prog == "sbatch":
+            script = next(a for a in args if a.startswith("slurm/"))
+            assert (ROOT / script).is_file(), f"README: sbatch {script}: no such file"
+        elif prog == "source":
+            assert args == [".venv/bin/activate"], args
+        elif prog != "export":
+            assert (ROOT / prog).is_file(), f"README runs {prog}, which is not in the repository"
+    assert {"make", "python", "torchrun", "minddp", "source"} <= seen, seen
+
+
+@pytest.mark.slow
+def test_make_help_lists_every_target_with_one_line():
+    import subprocess
+
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = {line.split()[1]: line for line in out.splitlines()}
+    assert set(listed) == targets, sorted(set(listed) ^ targets)
+    assert all(len(line.split(None, 2)) == 3 for line in listed.values()), out  # each has its line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_the_engine_snippet_runs_as_written(tmp_path, nproc):
+    import subprocess
+    import sys
+
+    from tests.conftest import BIN
+    from tests.multiproc import free_port
+
+    engine = README.split("## The engine", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", engine, re.S).group(1)
+    (tmp_path / "example.py").write_text(snippet)
+    cmd = ([sys.executable] if nproc == 1 else
+           [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}"])
+    p = subprocess.run([*cmd, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]

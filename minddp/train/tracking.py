@@ -61,6 +61,8 @@ class Tracker:
                 project=wandb_cfg.project, group=wandb_cfg.group, name=run_name, mode=self.mode,
                 dir=str(self.run_dir), config=config,
                 id=_wandb_id(self.run_dir), resume="allow",  # a resumed job continues its run
+                # no history/summary tables and sync hints at the end: next_steps() says where things are
+                settings=wandb.Settings(quiet=True),
             )
         self.interactive = sys.stderr.isatty()
         self.log_every = max(1, log_every)
@@ -110,6 +112,18 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.finish()
 
+    def next_steps(self) -> str:
+        """What the end of a run prints (after W&B's own lines): where its outputs are, what to run next."""
+        run = self.run_dir
+        lines = [f"done: checkpoints (the model) in {run / 'checkpoints'}, metrics in {self.metrics_path}"]
+        if self.wandb_run is not None:
+            wandb_dir = Path(self.wandb_run.settings.sync_dir)
+            lines.append(f"  W&B {self.mode} run in {wandb_dir}"
+                         + (f" (upload: wandb sync {wandb_dir})" if self.mode == "offline" else ""))
+        lines.append(f"  next: minddp sample {run}   (text from the model; --help for options)")
+        lines.append(f"        minddp report {run.parent}   (a table and plot of every run under it)")
+        return "\n".join(lines)
+
 
 def _wandb_id(run_dir: Path) -> str:
     """A stable run id per run directory, so a resumed job continues the same W&B run."""
@@ -129,3 +143,6 @@ class NullTracker:
 
     def close(self) -> None:
         pass
+
+    def next_steps(self) -> str:
+        return ""

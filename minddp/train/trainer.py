@@ -186,12 +186,15 @@ class Trainer:
             "world_size": info.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "backend": info.backend,
             "device": info.device.type, "num_params": self.num_params, "accumulation": self.accum,
             "peak_tflops_job": self.job_peak_tflops, "data": self.data_info.as_dict(), "config": config})
-        tracker.info(
-            f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} ({info.backend} on "
-            f"{info.device.type}), dp {self.dims.dp} x tp {self.dims.tp}, accumulation {self.accum}, "
-            f"{len(self.ddp.bucket_assignment)} buckets, peak {self.job_peak_tflops:.3g} TFLOP/s for the "
-            f"job ({self.peak_source}), run dir {self.run_dir}; {self.data_info.summary()}"
-            + (f", resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
+        onoff = lambda flag: "on" if flag else "off"  # noqa: E731
+        tracker.info(  # two short lines: the layout and engine, then the data and where it goes
+            f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} = dp {self.dims.dp} x "
+            f"tp {self.dims.tp} ({info.backend}, {info.device.type}), accumulation {self.accum}, "
+            f"{len(self.ddp.bucket_assignment)} buckets, ZeRO-1 {onoff(self.ddp.shard_optimizer)}, "
+            f"optimizer overlap {onoff(self.ddp.optimizer_overlap)}, "
+            f"peak {self.job_peak_tflops:.3g} TFLOP/s\n"
+            f"  {self.data_info.summary()}; run dir {self.run_dir}"
+            + (f"; resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
         return tracker
 
     def _arm_timeout(self) -> None:
@@ -220,6 +223,8 @@ class Trainer:
             if profiler:
                 profiler.stop()
             self.tracker.close()
+        if self.tracker.next_steps():  # rank 0, after W&B's own closing lines
+            self.tracker.info(self.tracker.next_steps())
         # leave together: a rank that tears down its process group while a peer is still in
         # a collective makes gloo's connection threads abort the peer at exit
         dist.barrier()
