@@ -219,3 +219,26 @@ def test_torch_profiler_trace_of_chosen_steps_names_the_bucket_collectives(tmp_p
         steps = {n for n in names if n.startswith("minddp: step ")}
         assert steps == {"minddp: step 2", "minddp: step 3"}, steps  # exactly the chosen steps
         assert any("autograd" in n.lower() or "Backward" in n for n in names)  # beside autograd
+
+
+def test_startup_is_short_and_the_end_says_where_things_are_and_what_next(tmp_path):
+    """The exact overrides the overlap refusal names make a run; its start-up says the engine
+    is on in two short lines, and its end (after W&B's own lines) points at the outputs."""
+    run = tmp_path / "run"
+    p = run_train(run, *SMALL, "train.max_steps=2", "wandb.mode=offline", "ddp.optimizer_overlap=true",
+                  "optim.grad_clip=0", "train.on_nonfinite=stop", env={"WANDB_SILENT": "false"})
+    out = p.stdout + p.stderr
+    head = out[out.index("parameters, world"):].splitlines()[:2]
+    assert "ZeRO-1 off, optimizer overlap on" in head[0] and "run dir" in head[1], head
+    assert all(len(line) < 200 for line in head), head
+    end = out[out.index("saved "):]
+    assert "You can sync this run" not in out  # W&B's closing hints are quiet; ours say it once
+    assert f"checkpoints (the model) in {run / 'checkpoints'}" in end
+    assert f"minddp sample {run}" in end and f"minddp report {run}" in end and "wandb sync" in end
+
+
+def test_optimizer_overlap_on_the_defaults_is_one_line_naming_the_overrides(tmp_path):
+    p = run_train(tmp_path / "x", *SMALL, "ddp.optimizer_overlap=true", check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    lines = [x for x in p.stderr.splitlines() if "minddp:" in x]
+    assert len(lines) == 1 and "needs optim.grad_clip=0 train.on_nonfinite=stop" in lines[0], p.stderr

@@ -273,9 +273,9 @@ def _setting_problems(cfg):
         yield ("ddp.optimizer_overlap=true does not combine with ddp.shard_optimizer=true or "
                "ddp.find_unused_parameters=true: choose one")
     if d.optimizer_overlap and (o.grad_clip > 0 or t.on_nonfinite == "skip"):
-        yield (f"ddp.optimizer_overlap=true steps each bucket before the global gradient norm is known: "
-               f"set optim.grad_clip=0 (got {o.grad_clip}; clipping needs every bucket first) and "
-               f"train.on_nonfinite=stop (got {t.on_nonfinite}; a step already taken cannot be skipped)")
+        yield (f"ddp.optimizer_overlap=true needs optim.grad_clip=0 train.on_nonfinite=stop (add both; got "
+               f"{o.grad_clip} and {t.on_nonfinite}): it steps each bucket before the global gradient norm "
+               "is known, so it can neither clip by it nor skip a step already taken")
     if d.reduce_op not in ("avg", "sum"):
         yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):

@@ -118,10 +118,10 @@ class Tracker:
         lines = [f"done: checkpoints (the model) in {run / 'checkpoints'}, metrics in {self.metrics_path}"]
         if self.wandb_run is not None:
             wandb_dir = Path(self.wandb_run.settings.sync_dir)
-            lines.append(f"  W&B {self.mode} run in {wandb_dir}"
-                         + (f" (upload: wandb sync {wandb_dir})" if self.mode == "offline" else ""))
-        lines.append(f"  next: minddp sample {run}   (text from the model; --help for options)")
-        lines.append(f"        minddp report {run.parent}   (a table and plot of every run under it)")
+            lines.append(f"  W&B ({self.mode}): {wandb_dir}"
+                         + ("  (upload it: wandb sync <that folder>)" if self.mode == "offline" else ""))
+        lines.append(f"  next: minddp sample {run}   (text from the model)")
+        lines.append(f"        minddp report {run}   (a table and plots; a parent folder compares runs)")
         return "\n".join(lines)
 
 
