@@ -230,7 +230,7 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
     for (world, cap), r in by.items():  # the final loss is the run's own last logged loss
         last = metrics(sweep / f"ws{world}-cap{float(cap):g}")[-1]
         assert r[7] == f"{last['loss']:.4f}" and r[9].strip(" |").endswith("%"), (r, last)
-    assert plt_image(sweep / "report.png").shape[:2] == (440, 770)  # 7 x 4 in at 110 dpi
+    assert plt_image(sweep / "report.png").shape[:2] == (484, 1210)  # 11 x 4.4 in at 110 dpi
     from minddp.tools import report  # again in-process, to read its figure: the table's tokens/s per cap
 
     report.report(sweep, tmp_path / "again")

@@ -52,3 +52,59 @@ def test_console_script_and_python_dash_m_run_the_dispatcher():
     for cmd in ([str(BIN / "minddp"), "--help"], [sys.executable, "-m", "minddp", "--help"]):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and all(name in p.stdout for name in TOOLS), (cmd, p.stderr)
+
+
+# ------------------------------------------------------------------ minddp report
+def fake_run(run_dir, lr, losses, overrides, extra_rows="", mfu=None, data_dir="/data/a"):
+    """A run as train.py leaves it: metrics.jsonl, run.json with the full config, and the
+    command line's overrides in .hydra/overrides.yaml."""
+    import json
+
+    (run_dir / ".hydra").mkdir(parents=True)
+    rows = [{"step": i + 1, "loss": loss, "step_time_s": 0.1, "tokens_per_s": 1000.0 + i,
+             **({} if mfu == "absent" else {"mfu": mfu})} for i, loss in enumerate(losses)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + extra_rows)
+    config = {"optim": {"lr": lr, "min_lr": lr / 10}, "data": {"dir": data_dir}, "seed": 1,
+              "wandb": {"name": str(run_dir)}}
+    (run_dir / "run.json").write_text(json.dumps({"world_size": 1, "config": config}))
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+
+
+def test_report_columns_are_the_swept_keys_and_every_run_has_its_loss_curve(tmp_path, drawn_figures, capsys):
+    """An lr sweep: optim.min_lr and data.dir differ too, but only optim.lr was set on the
+    command line; the PNG holds a loss curve per run, its legends and titles inside it."""
+    from minddp.tools import report
+
+    curves = {0.001: [5.0, 4.0, 3.5], 0.003: [5.0, 3.0, 2.5]}
+    for i, (lr, losses) in enumerate(curves.items()):
+        fake_run(tmp_path / f"sweep/{i}", lr, losses, [f"optim.lr={lr}", "train.max_steps=3"],
+                 data_dir=f"/data/{i}")
+    report.main([str(tmp_path / "sweep")])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| "))
+    assert header.split(" | ")[0] == "| optim.lr" and "min_lr" not in header and "data.dir" not in header
+    assert f"wrote {tmp_path / 'sweep/report'}.md and {tmp_path / 'sweep/report'}.png" in out
+    (fig,) = drawn_figures
+    loss_axes = fig.axes[1]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in loss_axes.get_lines()}
+    assert drawn == {f"optim.lr={lr}": losses for lr, losses in curves.items()}
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # pyplot's canvas is gone once the figure is closed
+    page = fig.bbox
+    for artist in [a.get_legend() for a in fig.axes] + [a.title for a in fig.axes]:
+        box = artist.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, artist
+
+
+def test_report_takes_mfu_null_or_absent_and_skips_malformed_rows_in_one_line(tmp_path, capsys):
+    from minddp.tools import report
+
+    fake_run(tmp_path / "a", 0.001, [5.0, 4.0], ["optim.lr=0.001"], mfu=None,
+             extra_rows='{"step": 3, "loss"\n[1, 2]\n{"step": "x"}\n\n')
+    fake_run(tmp_path / "b", 0.002, [5.0, 3.0], ["optim.lr=0.002"], mfu="absent")
+    text = report.report(tmp_path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skipped 3 malformed row(s) (line 3, 4, 5)" in err, err
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 0.00")]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [("| 0.001", "2", "- |"), ("| 0.002", "2", "- |")], text
