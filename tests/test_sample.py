@@ -120,3 +120,33 @@ def test_no_checkpoint_is_a_clear_error(tmp_path, capsys):
     code, _, err = run(capsys, tmp_path)
     assert code == 2 and f"no checkpoint under {tmp_path}/checkpoints" in err
     assert not os.path.exists(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "99999"], "--prompt-ids: 99999 is outside this model's vocabulary (ids 0 to 9)"),
+    (["--prompt-ids", "-1"], "--prompt-ids: -1 is outside this model's vocabulary"),
+    (["--prompt-ids", "abc"], "--prompt-ids 'abc': give integer token ids"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0: greedy), got nan"),
+    (["--top-k", "-5"], "--top-k must be >= 0 (0: off), got -5"),
+    (["--tokens", "-1"], "--tokens must be >= 0"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys, args, message):
+    run_dir = fake_run(tmp_path / "run", char_folder(tmp_path / "d"), 10)
+    code, out, err = run(capsys, run_dir, *args)
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert code == 2 and out == "" and len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("minddp sample: error: ") and message in errors[0], err
+
+
+def test_a_junk_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(tmp_path, capsys):
+    char_folder(tmp_path / "d")
+    run_dir = fake_run(tmp_path / "run", tmp_path / "d", 10)
+    junk = run_dir / "checkpoints" / "ckpt_00000002.pt"
+    junk.write_bytes(os.urandom(3000))
+    code, out, err = run(capsys, run_dir, "--prompt", "a", "--tokens", "3")
+    assert code == 0 and len(out) >= 3, err
+    assert "loading the model from" in err and "generating 3 tokens" in err
+    assert f"warning: checkpoint {junk} is unreadable" in err and "trying the previous checkpoint" in err
+    code, out, err = run(capsys, junk)  # the file itself: nothing to fall back to
+    assert code == 2 and out == "" and f"minddp sample: error: checkpoint {junk} is unreadable" in err
+    assert "Traceback" not in err

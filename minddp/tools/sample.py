@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -115,23 +116,49 @@ def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | N
                   "tokenizer.json there (GPT-2's: the Hugging Face Hub's gpt2/tokenizer.json) to see text")
 
 
+def read_checkpoint(target: Path) -> tuple[Path, dict]:
+    """A checkpoint file, or a run directory's newest readable one: a corrupt newer file is
+    named on stderr and the previous one used (sampling changes nothing on disk)."""
+    if target.is_file():
+        candidates = [target]
+    elif target.is_dir():
+        candidates = checkpoint.all_checkpoints(target)
+    else:
+        raise SampleError(f"{target} does not exist: give a run directory or a checkpoint .pt file")
+    if not candidates:
+        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a .pt file)")
+    problems = []
+    for path in candidates:
+        try:
+            return path, checkpoint.load(path, "cpu")
+        except (ConfigError, OSError) as e:  # corrupt, refused or unreadable
+            problems.append(str(e).splitlines()[0])
+            if len(candidates) > 1:
+                print(f"minddp sample: warning: {problems[-1]}; trying the previous checkpoint",
+                      file=sys.stderr)
+    raise SampleError(problems[0] if len(candidates) == 1 else
+                      f"none of the {len(candidates)} checkpoints under {target}/checkpoints can be read")
+
+
 def load(target) -> tuple[torch.nn.Module, dict, Path]:
-    """The model of a run directory's newest checkpoint (or of one checkpoint file), its config
-    and its run directory."""
+    """The model of a run directory's newest readable checkpoint (or of one checkpoint file),
+    its config and its run directory."""
     from ..train.trainer import build_model
 
-    target = Path(target)
-    path = target if target.is_file() else checkpoint.latest(target)
-    if path is None:
-        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a .pt file)")
-    state = checkpoint.load(path, "cpu")
-    if "config" not in state:
+    path, state = read_checkpoint(Path(target))
+    cfg = state.get("config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         raise SampleError(f"{path} has no saved config (written by an older minddp)")
-    cfg = state["config"]
-    weights = state["model"]
-    vocab = next(v.shape[0] for k, v in weights.items() if k in ("tok_emb.weight", "emb.weight"))
-    model = build_model(_Cfg(cfg["model"]), vocab)
-    model.load_state_dict(weights)
+    try:
+        weights = state["model"]
+        vocab = next(v.shape[0] for k, v in weights.items() if k in ("tok_emb.weight", "emb.weight"))
+        model = build_model(_Cfg(cfg["model"]), vocab)
+        model.load_state_dict(weights)
+    except (StopIteration, KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        why = str(e).splitlines()[0][:160] if str(e) else "no embedding"
+        raise SampleError(f"{path}: its weights do not fit the model its config describes "
+                          f"({type(e).__name__}: {why})") from None
+    cfg["model"]["vocab_size"] = vocab  # the embedding's, whatever the saved config says
     return model.eval(), cfg, path.parent.parent
 
 
@@ -159,9 +186,29 @@ def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k
     return x[0, len(ids or [0]):].tolist()
 
 
+def check_args(args) -> None:
+    """Settings that cannot work, before the checkpoint is read."""
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise SampleError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise SampleError(f"--top-k must be >= 0 (0: off), got {args.top_k}")
+    if args.tokens < 0:
+        raise SampleError(f"--tokens must be >= 0, got {args.tokens}")
+
+
 def prompt_ids(args, codec: Codec | None, cfg: dict) -> list[int]:
+    vocab = cfg["model"]["vocab_size"]
     if args.prompt_ids is not None:
-        return [int(i) for i in args.prompt_ids.replace(",", " ").split()]
+        try:
+            ids = [int(i) for i in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise SampleError(f"--prompt-ids {args.prompt_ids!r}: give integer token ids, e.g. '50256' or "
+                              "'1,2,3'") from None
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise SampleError(f"--prompt-ids: {bad[0]} is outside this model's vocabulary "
+                              f"(ids 0 to {vocab - 1})")
+        return ids
     if codec is not None:
         return codec.encode(args.prompt)
     if args.prompt != "\n":
@@ -185,12 +232,16 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     try:
+        check_args(args)
+        print(f"minddp sample: loading the model from {args.target} ...", file=sys.stderr, flush=True)
         model, cfg, run_dir = load(args.target)
         codec, note = codec_for(cfg, run_dir, args.data)
         ids = prompt_ids(args, codec, cfg)
     except (SampleError, ConfigError) as e:  # ConfigError: a checkpoint that cannot be used
         print(f"minddp sample: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    print(f"minddp sample: generating {args.tokens} tokens ({sum(p.numel() for p in model.parameters()):,} "
+          "parameters, cpu) ...", file=sys.stderr, flush=True)
     out = generate(model, ids, args.tokens, args.temperature, args.top_k, cfg["model"]["block_size"])
     if codec is None:
         print(note, file=sys.stderr)
