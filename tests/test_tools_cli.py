@@ -108,3 +108,27 @@ def test_report_takes_mfu_null_or_absent_and_skips_malformed_rows_in_one_line(tm
     assert err.count("\n") == 1 and "skipped 3 malformed row(s) (line 3, 4, 5)" in err, err
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 0.00")]
     assert [(r[0], r[1], r[-1]) for r in rows] == [("| 0.001", "2", "- |"), ("| 0.002", "2", "- |")], text
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_every_tools_help_names_it_as_minddp_tool(name, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["minddp"])
+    with pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith(f"usage: minddp {name} "), out[:200]
+    assert "python -m minddp" not in out.split("\n\n", 1)[0]
+
+
+def test_costmodel_help_documents_every_subcommand(capsys, monkeypatch):
+    from minddp.tools import costmodel
+
+    monkeypatch.setattr("sys.argv", ["minddp"])
+    with pytest.raises(SystemExit):
+        main(["costmodel", "--help"])
+    out = capsys.readouterr().out
+    commands = costmodel._parser()._subparsers._group_actions[0].choices
+    assert len(commands) == 6
+    for cmd in commands:
+        line = next((x for x in out.splitlines() if x.strip().startswith(cmd + " ")), "")
+        assert len(line.split()) > 2, f"minddp costmodel --help: no help for {cmd}"

@@ -30,13 +30,17 @@ from ..costmodel import (
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minddp costmodel", description=cm.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, title="commands (`minddp costmodel COMMAND --help`)")
     hier = sub.add_parser("hier", help="inter-node bytes: flat ring against hierarchical")
     hier.add_argument("--nodes", type=int, required=True)
     hier.add_argument("--per-node", type=int, required=True)
     hier.add_argument("--size", type=parse_size, required=True)
+    helps = {"allreduce": "one all-reduce of --size over --n ranks: latency and bandwidth terms",
+             "ddp": "a DDP step's gradient all-reduces, exposed time, the best bucket cap",
+             "zero": "ZeRO-1: memory per rank and the reduce-scatter + all-gather time",
+             "tree": "tree against ring all-reduce: where the crossover lies"}
     for name in ("allreduce", "ddp", "zero", "tree"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("--preset", choices=sorted(PRESETS))
         p.add_argument("--calibration", metavar="FILE", help="JSON from `make calibrate`")
         p.add_argument("--alpha-us", type=float)
@@ -52,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--world", type=int, required=True)
             p.add_argument("--bucket-mb", type=float, default=25.0)
             p.add_argument("--compute-ms", type=float, help="measured forward+backward time per step")
-    sub.add_parser("presets")
+    sub.add_parser("presets", help="the fabric presets (--preset NAME): alpha and beta of each")
     return ap
 
 

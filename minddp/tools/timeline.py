@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     from ..ddp import DistributedDataParallel
     from ..train.model import GPT, GPTConfig
 
-    ap = argparse.ArgumentParser(prog="python -m minddp timeline", description=__doc__,
+    ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/timeline")
     ap.add_argument("--bucket-mb", type=float, default=5.0)
