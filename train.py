@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from minddp.dist import env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.train import flight_recorder
-from minddp.train.config import ConfigError, register, validate
+from minddp.train.config import ConfigError, default_run_dir, register, validate
 from minddp.train.trainer import Trainer
 
 register()
@@ -35,10 +36,13 @@ def main(cfg: DictConfig) -> None:
     _entered_main = True
     run_dir = HydraConfig.get().runtime.output_dir
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    as_given = OmegaConf.to_container(cfg)  # .hydra/config.yaml: before setup records the data's values
     try:
+        check_writable(run_dir)
         validate(cfg, env_ranks()[2])  # config errors before any process group starts
         trainer = Trainer(cfg, run_dir)
         trainer.setup()
+        save_hydra_record(as_given, run_dir)
         trainer.fit()
     except ConfigError as e:  # bad input: a clear message and exit code 2 on every rank
         print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
@@ -51,6 +55,20 @@ def main(cfg: DictConfig) -> None:
         raise
     finally:
         shutdown()
+
+
+def save_hydra_record(config: dict, run_dir: str) -> None:
+    """.hydra/{config,hydra,overrides}.yaml, which Hydra would write before main (conf/: its
+    output_subdir is null), written by rank 0 once the run is accepted: a refused run (a bad
+    override, a resume refused) leaves the record of the folder's last real run as it was."""
+    if env_ranks()[0] != 0:
+        return
+    hydra_cfg = HydraConfig.get()
+    folder = Path(run_dir) / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)}), folder / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), folder / "overrides.yaml")
 
 
 def report_flight_recorder(rank, run_dir, e: BaseException) -> None:
@@ -66,14 +84,46 @@ def report_flight_recorder(rank, run_dir, e: BaseException) -> None:
         print(f"[rank {rank}] flight recorder: {where}; minddp debug {run_dir}", file=sys.stderr, flush=True)
 
 
+def check_writable(run_dir: str) -> None:
+    """The run dir, or the folder it would be made in, must be writable (a read-only mount, another
+    user's folder): one line instead of a traceback from the first file written."""
+    folder = Path(run_dir).absolute()
+    try:
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError:  # a folder above it that this user cannot even look into
+        writable = False
+    if not writable:
+        where = "is" if folder == Path(run_dir).absolute() else f"would be made in {folder}, which is"
+        raise ConfigError(f"the run dir {run_dir} {where} not writable: choose another with "
+                          "MINDDP_RUN_DIR=<dir> (or hydra.run.dir=<dir>)")
+
+
+def _planned_run_dir(argv: list[str]) -> str | None:
+    """The run dir Hydra will make, when this process can tell before Hydra does (Hydra makes
+    it before main runs, and its failure is a traceback)."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    if given:
+        return None if "${" in given[0] else given[0]
+    return default_run_dir("multirun" if {"-m", "--multirun"} & set(argv) else "outputs")
+
+
 def run() -> None:
     """main(), with Hydra's own errors (unknown key, wrong type, bad override) as exit code 2:
     Hydra prints them and exits 1 before main runs."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    planned = _planned_run_dir(sys.argv[1:])
+    try:
+        if planned and not {"-h", "--help", "--cfg", "-c", "--info"} & set(sys.argv[1:]):
+            check_writable(planned)
+    except ConfigError as e:
+        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     try:
         main()  # errors raise (and exit non-zero) before the line below
     except SystemExit as e:
         if e.code == 1 and not _entered_main:
-            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
             print(f"[rank {rank}] minddp: configuration error (Hydra's message above)", file=sys.stderr,
                   flush=True)
             sys.exit(2)

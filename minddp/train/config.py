@@ -8,6 +8,8 @@ world size (batch divisibility, mesh layout) are in `validate()`.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
@@ -168,10 +170,6 @@ def register_resolvers() -> None:
     """Resolvers that make every rank of one job agree on one run directory."""
     if not OmegaConf.has_resolver("minddp.run_dir"):
         OmegaConf.register_new_resolver("minddp.run_dir", default_run_dir)
-    if not OmegaConf.has_resolver("minddp.rank0_only"):
-        # only rank 0 writes .hydra/ (the resolved config); other ranks get null
-        OmegaConf.register_new_resolver(
-            "minddp.rank0_only", lambda v: v if os.environ.get("RANK", "0") == "0" else None)
 
 
 def default_run_dir(prefix: str = "outputs") -> str:
@@ -230,7 +228,7 @@ def validate(cfg, world_size: int) -> dict:
             raise ConfigError(f"data.path={cfg.data.path!r} does not exist: give a text file or a folder")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
-    for problem in [*_non_finite(cfg), *_setting_problems(cfg)]:
+    for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
         raise ConfigError(problem)
     return {"dims": dims, "accum": t.global_batch_size // per_step}
 
@@ -248,6 +246,49 @@ def _non_finite(cfg) -> list[str]:
         elif isinstance(node, float) and not math.isfinite(node):
             yield f"{key}={node} is not a finite number: give a finite value"
     return list(walk(OmegaConf.to_container(cfg, resolve=True), ""))
+
+
+_SCHEMAS = {"train": TrainConfig, "ddp": DDPConfig, "mesh": MeshConfig, "wandb": WandbConfig,
+            "optim": OptimConfig, "model": {"gpt": GPTModel, "mlp": MLPModel},
+            "data": {"text": TextData, "tokens": TokensData, "synthetic": SyntheticData}}
+
+
+def _unknown_keys(cfg):
+    """A key no schema has: Hydra's `+train.foo=1` adds one even to a typed config, and a key
+    that nothing reads is a typo, not a setting."""
+    known_top = {f.name for f in dataclasses.fields(Config)}
+    for key in cfg:
+        if key not in known_top:
+            yield f"unknown key {key!r}: no such setting (top-level keys: {', '.join(sorted(known_top))})"
+    for section, schema in _SCHEMAS.items():
+        node = cfg.get(section)
+        if isinstance(schema, dict):
+            schema = schema.get(node.get("name")) if node is not None else None
+        if node is None or schema is None:
+            continue
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = (f"did you mean {section}.{close[0]}?" if close else
+                        "`python train.py --cfg job` lists them")
+                yield f"unknown key {section}.{key}: {section} has no such setting ({hint}); drop it"
+
+
+def _data_problems(cfg):
+    """Data settings that would fail later (a NumPy traceback) or train on nothing (a NaN
+    validation loss with exit code 0)."""
+    data, vocab = cfg.data, cfg.model.vocab_size
+    if data.name == "synthetic":
+        if not 1 <= data.modulus <= (vocab or 256):
+            yield (f"data.modulus must be between 1 and the vocabulary ({vocab or 256}), got {data.modulus}: "
+                   "tokens are in [0, modulus)")
+        if data.num_samples < 1 or data.num_val < 1:
+            yield (f"data.num_samples and data.num_val must be >= 1 (validation needs samples), got "
+                   f"{data.num_samples} and {data.num_val}")
+    if data.name == "text" and not (0 < data.val_fraction < 1 and data.max_bytes > 0):
+        yield (f"data.val_fraction must be in (0, 1) and data.max_bytes > 0, got {data.val_fraction} and "
+               f"{data.max_bytes}")
 
 
 def _setting_problems(cfg):
@@ -280,7 +321,7 @@ def _setting_problems(cfg):
         yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):
         yield f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}"
-    if min(m.n_embd, m.block_size, m.vocab_size or 1, m.n_layer) < 1:
+    if min(m.n_embd, m.block_size, 1 if m.vocab_size is None else m.vocab_size, m.n_layer) < 1:
         yield "model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1"
     if m.name == "gpt" and not 0 <= m.dropout < 1:
         yield f"model.dropout must be in [0, 1), got {m.dropout}"
