@@ -194,3 +194,43 @@ def test_peak_memory_does_not_grow_with_line_length(tmp_path):
         assert p.returncode == 0, p.stderr[-2000:]
         peak[name] = int(p.stdout.split()[-1]) / 1024  # MB above the imports
     assert peak["big"] < 20 and peak["big"] - peak["small"] < 10, peak  # measured: 3 and 6 MB
+
+
+# ------------------------------------------------------------------ what a killed prepare leaves
+@pytest.mark.slow
+def test_a_killed_prepares_temporary_is_removed_by_the_next_one(tmp_path, capsys):
+    """kill -9 mid-run: the next prepare of the same --out removes the dead run's temporary
+    folder (and keeps one whose process is still running)."""
+    import signal
+    import time
+
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("".join(f"word{i % 5000} other{i % 777} text, " for i in range(400_000)))
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "minddp", "prepare", str(corpus), "--out", str(out),
+                          "--tokenizer", "bpe", "--vocab-size", "1000"], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not leftovers(tmp_path) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    stale = leftovers(tmp_path)
+    assert len(stale) == 1 and f"-{p.pid}-" in stale[0], stale
+    running = tmp_path / prep._temp_prefix(out, "prepare").rstrip("-")  # this process: alive
+    running.mkdir()
+    code, err = run(capsys, corpus, "--out", out)
+    assert code == 0, err
+    assert f"removed {tmp_path / stale[0]}, left by a prepare that did not finish" in err
+    assert leftovers(tmp_path) == [running.name]
+
+
+def test_an_out_that_is_a_symlink_stays_one_and_its_target_is_written(tmp_path, corpus, capsys):
+    target = tmp_path / "real"
+    target.mkdir()
+    (target / "notes.txt").write_text("kept")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert run(capsys, corpus, "--out", link)[0] == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert {"train.bin", "val.bin", "meta.pkl", "tokenizer.json", "notes.txt"} <= set(files_of(target))
+    assert leftovers(tmp_path) == []

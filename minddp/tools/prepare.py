@@ -12,19 +12,24 @@ offline. The last --val-fraction of the input's bytes goes to val.bin.
 Safe to re-run on a folder a job is training from: everything is written to a temporary
 folder beside DIR and renamed into place at the end, so a failed run leaves the old files
 as they were, and a running job keeps reading its old (memory-mapped) files. Other files in
-DIR (the input text, a script) are kept. The input is streamed in 1 MB pieces, not lines:
-peak memory does not depend on line length or corpus size.
+DIR (the input text, a script) are kept. A temporary folder left by a prepare that was killed
+(kill -9, a power cut) is removed by the next prepare of the same DIR on that machine; a DIR
+that is a symbolic link keeps pointing where it did (its target is what is replaced).
+The input is streamed in 1 MB pieces, not lines: peak memory does not depend on line length
+or corpus size.
 Exit codes: 0 done, 2 bad arguments or input, 1 an operating-system error (disk full, permissions).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
 import pickle
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -240,7 +245,7 @@ def install(tmp: Path, out: Path) -> None:
                     os.link(p, tmp / p.name)
                 except OSError:  # a file system without hard links
                     shutil.copy2(p, tmp / p.name)
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=_temp_prefix(out, "old")))
         os.replace(out, old / out.name)
         try:
             os.replace(tmp, out)
@@ -253,16 +258,54 @@ def install(tmp: Path, out: Path) -> None:
     fsync_dir(out.parent)
 
 
+def _temp_base(out: Path, kind: str) -> str:
+    """The temporaries' names say whose they are (host, then process id), so a later prepare
+    can tell a dead run's leftovers from a running one's."""
+    return f".{out.name}.{kind}-{socket.gethostname()}-"
+
+
+def _temp_prefix(out: Path, kind: str) -> str:
+    return f"{_temp_base(out, kind)}{os.getpid()}-"
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Temporary folders of an earlier prepare of `out` on this host whose process is gone."""
+    removed = []
+    for kind in ("prepare", "old"):
+        base = _temp_base(out, kind)
+        for p in out.parent.glob(glob.escape(base) + "*"):
+            pid = p.name[len(base):].split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)) or not p.is_dir():
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+            print(f"minddp prepare: removed {p}, left by a prepare that did not finish", file=sys.stderr)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def prepare(input_path, out, tokenizer: str = "bytes", vocab_size: int | None = None,
             val_fraction: float = 0.05) -> dict:
     input_path, out = Path(input_path), Path(out)
+    if out.is_symlink():  # write through it: the link stays, its target folder is replaced
+        out = Path(os.path.realpath(out))
     vocab_size = check_vocab(tokenizer, vocab_size)
     files = input_files(input_path)
     total = sum(f.stat().st_size for f in files)
     cut = split_point(files, val_fraction, total, tokenizer)
     check_out(out, input_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.prepare-"))
+    remove_stale_temporaries(out)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=_temp_prefix(out, "prepare")))
     try:
         info = write_outputs(tmp, files, cut, total, tokenizer, vocab_size)
         install(tmp, out)
