@@ -26,6 +26,23 @@ def test_demo(name, world_size):
     multiproc.run(_demo, world_size, name, timeout=90)
 
 
+def _demo_under_meta_default(rank, world_size, name):
+    """The demo with torch's default device set to `meta` (the CPU stand-in for CUDA here): any
+    tensor or module a demo, or torch code it calls (DistributedSampler's randperm), makes without
+    naming its device lands on meta and the gloo collective or the check fails."""
+    import importlib
+
+    import torch
+
+    with torch.device("meta"):
+        importlib.import_module(f"minddp.demos.{MODULES[name]}").run()
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_demo_names_its_device(name):
+    multiproc.run(_demo_under_meta_default, 2, name, timeout=90)
+
+
 @pytest.mark.slow
 def test_cli_under_torchrun_and_help():
     p = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=4", "-m", "minddp.demos",

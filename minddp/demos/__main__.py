@@ -5,7 +5,7 @@ import importlib
 
 import torch.distributed as dist
 
-from minddp.demos import DEMOS, MODULES, common
+from minddp.demos import DEMOS, MODULES
 from minddp.dist import init_distributed, shutdown
 
 
@@ -21,8 +21,9 @@ def main(argv=None) -> None:
     try:
         module = importlib.import_module(f"minddp.demos.{MODULES[args.name]}")
         kwargs = {"ranks_per_node": args.ranks_per_node} if args.name == "hierarchical" else {}
-        with common.device():  # tensors on the device the backend expects
-            module.run(**kwargs)
+        # no `with torch.device(...)`: it would also redirect torch internals (DistributedSampler's
+        # randperm on a CPU generator raised on CUDA); every demo names its device itself
+        module.run(**kwargs)
         dist.barrier()
         if dist.get_rank() == 0:
             print(f"[{args.name}] all checks passed on {dist.get_world_size()} ranks")

@@ -5,12 +5,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from .common import print_table, sync
+from .common import device, print_table, sync
 
 
 def run(size: int = 2**21, mat: int = 384) -> None:
-    grad = torch.ones(size)
-    a = torch.randn(mat, mat)
+    dev = device()  # every tensor names it: no default-device context needed
+    grad = torch.ones(size, device=dev)
+    a = torch.randn(mat, mat, device=dev)
 
     def compute():
         return (a @ a @ a).sum()

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from minddp.train import flight_recorder
 
-from .common import print_table
+from .common import device, print_table
 
 TIMEOUT_S = 3
 
@@ -29,7 +29,7 @@ def run() -> None:
     fingerprint_error = ""
     try:
         if r == 0:  # WRONG
-            dist.all_reduce(torch.ones(1), group=checked)
+            dist.all_reduce(torch.ones(1, device=device()), group=checked)
         dist.barrier(group=checked)
     except RuntimeError as e:
         fingerprint_error = str(e)
@@ -55,7 +55,7 @@ def run() -> None:
     dist.destroy_process_group(short)  # its state is poisoned: gloo may still hold the op
 
     # RIGHT: every rank calls the collective; only what happens after depends on the rank
-    fixed = torch.ones(1)
+    fixed = torch.ones(1, device=device())
     dist.all_reduce(fixed)
     assert fixed.item() == dist.get_world_size()
     print_table("deadlock fixed: every rank calls all_reduce, then branches",

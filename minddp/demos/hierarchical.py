@@ -3,10 +3,11 @@
 import torch
 import torch.distributed as dist
 
-from .common import print_table
+from .common import device, print_table
 
 
 def run(ranks_per_node: int = 2) -> None:
+    dev = device()  # every tensor names it: no default-device context needed
     r, n = dist.get_rank(), dist.get_world_size()
     k = ranks_per_node
     nodes = [list(range(s, min(s + k, n))) for s in range(0, n, k)]
@@ -17,7 +18,7 @@ def run(ranks_per_node: int = 2) -> None:
     my_node = r // k
     intra, leader = node_groups[my_node], nodes[my_node][0]
 
-    x = torch.tensor([float(r + 1)] * 3)
+    x = torch.tensor([float(r + 1)] * 3, device=dev)
     ref = x.clone()
     dist.all_reduce(ref)
 

@@ -3,7 +3,7 @@
 import torch
 import torch.distributed as dist
 
-from .common import generator, print_table
+from .common import device, generator, print_table
 
 D = 4  # token width
 
@@ -14,10 +14,11 @@ def expert(e: int, x: torch.Tensor) -> torch.Tensor:
 
 
 def run(tokens_per_rank: int = 6) -> None:
+    dev = device()  # every tensor names it: no default-device context needed
     r, n = dist.get_rank(), dist.get_world_size()
     g = generator(100 + r)
-    x = torch.randn(tokens_per_rank, D, generator=g)
-    dest = torch.randint(0, n, (tokens_per_rank,), generator=g)  # one expert per rank
+    x = torch.randn(tokens_per_rank, D, generator=g, device=dev)
+    dest = torch.randint(0, n, (tokens_per_rank,), generator=g, device=dev)  # one expert per rank
 
     # 1. group my tokens by destination and tell everyone how many are coming
     order = torch.argsort(dest, stable=True)
@@ -26,14 +27,14 @@ def run(tokens_per_rank: int = 6) -> None:
     dist.all_to_all_single(recv_counts, send_counts)
 
     # 2. dispatch with uneven split sizes
-    recv = torch.empty(int(recv_counts.sum()), D)
+    recv = torch.empty(int(recv_counts.sum()), D, device=dev)
     dist.all_to_all_single(recv, x[order], recv_counts.tolist(), send_counts.tolist())
 
     # 3. the local expert works on what arrived
     out = expert(r, recv)
 
     # 4. combine: the reverse all_to_all, then undo the sort
-    back = torch.empty(tokens_per_rank, D)
+    back = torch.empty(tokens_per_rank, D, device=dev)
     dist.all_to_all_single(back, out, send_counts.tolist(), recv_counts.tolist())
     result = torch.empty_like(back)
     result[order] = back
