@@ -63,19 +63,29 @@ def env_ranks(env=None) -> tuple[int, int, int]:
     return 0, 0, 1
 
 
-def pick_device(local_rank: int, device: str = "auto") -> torch.device:
+def select_device(local_rank: int, device: str, cuda_available: bool, device_count: int) -> torch.device:
+    """The device for this process, from what is visible (pure: the counts are passed in).
+    One visible GPU is this process's whatever its LOCAL_RANK: `srun --gpus-per-task=1` (or a
+    per-rank CUDA_VISIBLE_DEVICES) shows each task only its own device, as cuda:0."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda requested but CUDA is not available; use device=cpu")
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible: "
-                "start at most one process per GPU (--nproc_per_node)"
-            )
-        return torch.device("cuda", local_rank)
-    return torch.device(device)
+        device = "cuda" if cuda_available else "cpu"
+    if device != "cuda":
+        return torch.device(device)
+    if not cuda_available:
+        raise RuntimeError("device=cuda requested but CUDA is not available; use device=cpu")
+    if device_count == 1:
+        return torch.device("cuda", 0)
+    if local_rank >= device_count:
+        raise RuntimeError(
+            f"LOCAL_RANK={local_rank} but only {device_count} GPU(s) are visible: "
+            "start at most one process per GPU (--nproc_per_node)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def pick_device(local_rank: int, device: str = "auto") -> torch.device:
+    available = torch.cuda.is_available()
+    return select_device(local_rank, device, available, torch.cuda.device_count() if available else 0)
 
 
 def backend_for(device: torch.device) -> str:

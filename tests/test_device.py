@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minddp.dist import backend_for, pick_device
+from minddp.dist import backend_for, pick_device, select_device
 from minddp.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +30,22 @@ def test_cpu_without_cuda(monkeypatch):
     assert dev == torch.device("cpu") and backend_for(dev) == "gloo"
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         pick_device(0, "cuda")
+
+
+def test_select_device_from_the_visible_count():
+    """No torch patching: the visible device count is a parameter."""
+    assert select_device(3, "auto", True, 4) == torch.device("cuda", 3)
+    assert select_device(0, "auto", True, 8) == torch.device("cuda", 0)
+    # srun --gpus-per-task=1: each task sees one device, its LOCAL_RANK (SLURM_LOCALID) can be 1..7
+    for local in range(8):
+        assert select_device(local, "auto", True, 1) == torch.device("cuda", 0)
+        assert select_device(local, "cuda", True, 1) == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=2 but only 2 GPU"):
+        select_device(2, "auto", True, 2)
+    assert select_device(5, "auto", False, 0) == torch.device("cpu")
+    assert select_device(1, "cpu", True, 4) == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        select_device(0, "cuda", False, 0)
 
 
 def test_timing_strategy_matches_the_backend():
