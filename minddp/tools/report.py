@@ -100,12 +100,13 @@ def load_run(run_dir: Path) -> dict | None:
         values = [r[k] for r in steady if _number(r.get(k))]
         return statistics.median(values) if values else None
 
+    mfu = med("mfu")  # runs before the fix logged MFU > 100% from an underestimated peak: not shown
     vals = [r["val_loss"] for r in rows if _number(r.get("val_loss"))]
     curve = [(r["step"], r["loss"]) for r in rows if _number(r.get("loss"))]
     return {"dir": run_dir, "keys": keys, "set": set_keys(run_dir), "step_s": med("step_time_s"),
             "tokens_per_s": med("tokens_per_s"), "exposed": med("comm/exposed_fraction"),
             "loss": curve[-1][1] if curve else None, "val_loss": vals[-1] if vals else None,
-            "mfu": med("mfu"), "steps": rows[-1]["step"], "curve": curve}
+            "mfu": mfu if mfu is not None and mfu <= 1 else None, "steps": rows[-1]["step"], "curve": curve}
 
 
 def swept_keys(runs: list[dict]) -> list[str]:

@@ -94,7 +94,7 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     profile_steps: Optional[List[int]] = None  # [first, last]: a torch.profiler trace of these steps
-    bf16: bool = False
+    bf16: Any = "auto"  # true | false | auto (bf16 autocast on CUDA devices that support it)
     device: str = "auto"  # auto | cpu | cuda
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
@@ -344,6 +344,8 @@ def _setting_problems(cfg):
     if t.profile_steps is not None and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0]
                                         <= t.profile_steps[1]):
         yield f"train.profile_steps must be [first, last] with 1 <= first <= last, got {t.profile_steps}"
+    if t.bf16 not in (True, False, "auto"):
+        yield f"train.bf16 must be true, false or auto, got {t.bf16!r}"
     if t.peak_tflops is not None and not t.peak_tflops > 0:
         yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
     if data.name == "tokens":

@@ -19,11 +19,23 @@ import time
 
 import torch
 
-# dense bf16 tensor-core peaks, TFLOP/s per GPU (vendor data sheets, without sparsity)
+# dense bf16 tensor-core peaks, TFLOP/s per GPU (vendor data sheets, without sparsity); the
+# first key found in torch.cuda.get_device_name wins, so the specific variants come first
 KNOWN_PEAKS_TFLOPS = {
-    "H200": 989.0,  # NVIDIA H200 SXM data sheet
-    "H100": 989.0,  # NVIDIA H100 SXM5 data sheet (PCIe: 756)
-    "A100": 312.0,  # NVIDIA A100 data sheet
+    "GH200": 989.0,  # GH200 Grace Hopper (H100 SXM-class GPU)
+    "H200 NVL": 835.0,  # H200 NVL (PCIe card)
+    "H200": 989.0,  # H200 SXM
+    "H100 NVL": 835.0,  # H100 NVL (PCIe pair card)
+    "H100 PCIe": 756.0,  # H100 PCIe
+    "H100": 989.0,  # H100 SXM5 (name "NVIDIA H100 80GB HBM3")
+    "H800 PCIe": 756.0,
+    "H800": 989.0,
+    "B200": 2250.0,  # HGX B200 per GPU
+    "A100-PCIE": 312.0,  # A100 40/80 GB PCIe: same dense bf16 peak as SXM
+    "A100": 312.0,  # A100 SXM4
+    "A800": 312.0,
+    "L40S": 362.0,
+    # others (and CPUs) are measured: measured_peak_tflops
 }
 
 
@@ -37,16 +49,35 @@ def flops_per_token(model_cfg, num_params: int) -> float:
     return 6.0 * n
 
 
-def measured_peak_tflops(device: torch.device, seconds: float = 0.1, n: int = 512) -> float:
-    """Matmul FLOP/s this process reaches on its own threads (the CPU's practical peak)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measured_peak_tflops(device: torch.device, seconds: float = 0.05, repeats: int = 5,
+                         n: int | None = None) -> float:
+    """Matmul FLOP/s this process reaches: the best of `repeats` timed windows, each closed by a
+    synchronise (CUDA returns at enqueue), in the dtype training computes in (bf16 on CUDA)."""
+    n = n or (4096 if device.type == "cuda" else 512)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm up
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+    _sync(device)
+    best = 0.0
+    for _ in range(repeats):
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+            _sync(device)  # per matmul: the clock reads finished work
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12)
+    return best
+
+
+def table_peak(device_name: str) -> float | None:
+    """The data-sheet peak for a torch.cuda.get_device_name, or None (then it is measured)."""
+    return next((v for k, v in KNOWN_PEAKS_TFLOPS.items() if k in device_name), None)
 
 
 def peak_tflops(device: torch.device, configured: float | None = None) -> tuple[float, str]:
@@ -55,14 +86,29 @@ def peak_tflops(device: torch.device, configured: float | None = None) -> tuple[
         return float(configured), "train.peak_tflops"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, value in KNOWN_PEAKS_TFLOPS.items():
-            if key in name:
-                return value, f"{name} bf16 dense"
-    return measured_peak_tflops(device), f"measured {device.type} matmul"
+        if table_peak(name):
+            return table_peak(name), f"{name} bf16 dense"
+    return measured_peak_tflops(device), f"measured {device.type} matmul (best of 5)"
 
 
 def utilisation(tokens_per_s: float, flops_token: float, peak_device_tflops: float,
-                num_devices: int) -> tuple[float, float]:
-    """(achieved TFLOP/s of the job, MFU of the job)."""
+                num_devices: int) -> tuple[float, float | None]:
+    """(achieved TFLOP/s of the job, MFU of the job, or None where the peak is unknown). An MFU
+    above 1 means the peak was underestimated (a measured peak on a loaded CPU), not a record: it
+    is never reported, only None."""
     tflops = tokens_per_s * flops_token / 1e12
-    return tflops, tflops / (peak_device_tflops * num_devices)
+    if peak_device_tflops is None or not peak_device_tflops > 0:  # NaN: some rank's peak unknown
+        return tflops, None
+    mfu = tflops / (peak_device_tflops * num_devices)
+    return tflops, mfu if 0 < mfu <= 1 else None
+
+
+def set_precision(bf16, device: torch.device) -> bool:
+    """Whether to autocast to bf16 (train.bf16: true, false or auto = on CUDA devices that support
+    it); on CUDA also lets fp32 matmuls and convolutions use TF32 tensor cores (process-wide)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if bf16 == "auto":
+        return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return bool(bf16)

@@ -115,7 +115,7 @@ class Tracker:
     def next_steps(self) -> str:
         """What the end of a run prints (after W&B's own lines): where its outputs are, what to run next."""
         run = self.run_dir
-        lines = [f"done: checkpoints (the model) in {run / 'checkpoints'}, metrics in {self.metrics_path}"]
+        lines = [f"outputs: checkpoints (the model) in {run / 'checkpoints'}, metrics in {self.metrics_path}"]
         if self.wandb_run is not None:
             wandb_dir = Path(self.wandb_run.settings.sync_dir)
             lines.append(f"  W&B ({self.mode}): {wandb_dir}"

@@ -169,10 +169,11 @@ class Trainer:
         self.num_params = full = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
                                      for p in self.model.parameters())
         self.flops_per_token = flops.flops_per_token(self.cfg.model, full)
+        self.bf16 = flops.set_precision(t.bf16, self.info.device)
         peak, self.peak_source = flops.peak_tflops(self.info.device, t.peak_tflops)
         peaks = torch.tensor([peak], dtype=torch.float64, device=self.info.device)
         dist.all_reduce(peaks)  # the job's peak: the sum over processes (each measured its own)
-        self.job_peak_tflops = peaks.item()
+        self.job_peak_tflops = peaks.item()  # MFU is None (not logged) where it would exceed 100%
 
     def _make_tracker(self):
         cfg, info, t = self.cfg, self.info, self.t
@@ -311,7 +312,7 @@ class Trainer:
         return loss_sum
 
     def autocast(self):
-        return torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.t.bf16)
+        return torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
@@ -361,7 +362,8 @@ class Trainer:
         s = self.ddp.comm_stats
         row = {"step": step, "loss": sum(r.loss for r in window) / len(window),
                "lr": self.sched.get_last_lr()[0], "step_time_s": seconds, "tokens_per_s": tokens_per_s,
-               "tflops": tflops, "mfu": mfu, "epoch": self.batches.position(step - 1)[0],
+               "tflops": tflops, **({"mfu": mfu} if mfu is not None else {}),
+               "epoch": self.batches.position(step - 1)[0],
                "samples_seen": self.batches.samples_seen(step),
                "grad_norm": window[-1].grad_norm.item(),
                "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
