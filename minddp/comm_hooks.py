@@ -27,78 +27,91 @@ import torch.distributed as dist
 
 from . import collectives
 
-# Backends whose all-reduce implements ReduceOp.AVG natively (gloo does in torch 2.13).
-_NATIVE_AVG = {"gloo", "nccl"}
-
-
-def supports_native_avg(group) -> bool:
-    backend = str(dist.get_backend(group))  # e.g. "gloo" or "cpu:gloo,cuda:nccl"
-    names = [part.split(":")[-1] for part in backend.split(",")]
-    return all(name in _NATIVE_AVG for name in names)
-
-
-def all_reduce_async(
-    tensor: torch.Tensor, group, reduce_op: str, native_avg: bool
-) -> torch.futures.Future:
-    """Start an in-place all-reduce of `tensor`.
+def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str) -> torch.futures.Future:
+    """Start an in-place all-reduce of `tensor`; "avg" is torch DDP's: multiply by 1/size of the
+    group, then SUM (never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out NVLS on
+    NVSwitch machines and sums in another order than torch DDP). The pre-division also keeps
+    fp16 from overflowing.
 
     The future is torch's own (its value is `[tensor]`): no Python callback is
     chained here, because each one costs a GIL round trip on the comm thread.
     """
-    op = dist.ReduceOp.SUM
     if reduce_op == "avg":
-        if native_avg:
-            op = dist.ReduceOp.AVG
-        else:
-            # SUM of pre-divided values: the same average, and it cannot overflow fp16.
-            tensor.div_(dist.get_world_size(group))
-    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        tensor.mul_(1.0 / dist.get_world_size(group))  # torch's reducer: mul by the reciprocal
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return work.get_future()
 
 
-ALGORITHMS = ("native", "ring", "rs_ag", "tree", "hierarchical")
+# minddp.collectives' from-scratch all-reduces, each (tensor, group-or-node-groups, "sum")
+ALGORITHMS = {
+    "native": None,  # the backend's own all_reduce(async_op=True)
+    "ring": collectives.ring_all_reduce,
+    "rs_ag": collectives.all_reduce_via_rs_ag,
+    "tree": collectives.tree_all_reduce,
+    "hierarchical": collectives.hierarchical_all_reduce,
+}
 
 
 class BucketReducer:
     """Starts the all-reduce of one bucket and returns a future.
 
-    "native" is the library's `all_reduce(async_op=True)`. The from-scratch algorithms
-    of `minddp.collectives` are blocking, so they run on one worker thread, in
-    submission order: buckets still go out in the same order on every rank, and
-    backward keeps computing while they travel.
+    "native" is the library's `all_reduce(async_op=True)`. The from-scratch algorithms of
+    `minddp.collectives` are blocking calls made of smaller collectives:
+    - on NCCL they run right here, on the calling (autograd) thread, on their own CUDA stream
+      that first waits for the compute stream (the gradients are final there): NCCL calls are
+      asynchronous for the host anyway, and one issuing thread keeps every NCCL call (these and
+      tensor parallelism's) in the same order on every rank;
+    - elsewhere (gloo, whose calls block the host) on one worker thread, in submission order,
+      so backward keeps computing while they travel; with CUDA tensors the worker sets the
+      device and uses the same side stream.
+    A CUDA future carries its device, so `wait()` makes the waiting stream wait for the side
+    stream, not the host.
     """
 
     def __init__(self, group, reduce_op: str = "avg", algorithm: str = "native",
                  ranks_per_node: int | None = None):
         if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+            raise ValueError(f"algorithm must be one of {tuple(ALGORITHMS)}, got {algorithm!r}")
         self.group, self.reduce_op, self.algorithm = group, reduce_op, algorithm
-        self.native_avg = supports_native_avg(group)
-        self._node_groups = (collectives.NodeGroups(group, ranks_per_node)
-                             if algorithm == "hierarchical" else None)
+        self.world = dist.get_world_size(group)
+        self._run = ALGORITHMS[algorithm]
+        self._target = (collectives.NodeGroups(group, ranks_per_node)
+                        if algorithm == "hierarchical" else group)
+        self._inline = "nccl" in str(dist.get_backend(group))
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix="minddp-comm")
-                      if algorithm != "native" else None)
+                      if algorithm != "native" and not self._inline else None)
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
-        if self._pool is None:
-            return all_reduce_async(tensor, self.group, self.reduce_op, self.native_avg)
-        fut = torch.futures.Future()
+        if self._run is None:
+            return all_reduce_async(tensor, self.group, self.reduce_op)
+        if self.reduce_op == "avg":  # as all_reduce_async: scale, then SUM
+            tensor.mul_(1.0 / self.world)
+        if not tensor.is_cuda:
+            return self._submit(torch.futures.Future(), tensor, None, None)
+        stream = self._streams.setdefault(tensor.device, torch.cuda.Stream(tensor.device))
+        ready = torch.cuda.Event()
+        ready.record()  # on the compute stream: the bucket's gradients are final here
+        tensor.record_stream(stream)  # a temporary (a 16-bit copy) is not reused before we finish
+        return self._submit(torch.futures.Future(devices=[tensor.device]), tensor, stream, ready)
 
+    def _submit(self, fut, tensor, stream, ready) -> torch.futures.Future:
         def run():
             try:
-                if self.algorithm == "ring":
-                    collectives.ring_all_reduce(tensor, self.group, self.reduce_op)
-                elif self.algorithm == "rs_ag":
-                    collectives.all_reduce_via_rs_ag(tensor, self.group, self.reduce_op)
-                elif self.algorithm == "tree":
-                    collectives.tree_all_reduce(tensor, self.group, self.reduce_op)
-                else:
-                    collectives.hierarchical_all_reduce(tensor, self._node_groups, self.reduce_op)
-                fut.set_result(tensor)
+                if stream is None:
+                    self._run(tensor, self._target, "sum")
+                    return fut.set_result(tensor)
+                with torch.cuda.device(tensor.device), torch.cuda.stream(stream):
+                    stream.wait_event(ready)
+                    self._run(tensor, self._target, "sum")
+                    fut.set_result(tensor)  # records an event on the side stream for wait()
             except BaseException as e:  # noqa: BLE001 - surfaced by fut.wait() on the main thread
                 fut.set_exception(e)
 
-        self._pool.submit(run)
+        if self._pool is None:
+            run()
+        else:
+            self._pool.submit(run)
         return fut
 
 
@@ -272,8 +285,7 @@ class ReduceScatter(Reduction):
         super().__init__(reducer, params)
         self.release = None  # called before a rebuild (ShardedOptimizer drops its views)
         self.pad_to = dist.get_world_size(reducer.group)
-        avg = reducer.reduce_op == "avg"
-        self.op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
+        self.avg = reducer.reduce_op == "avg"
 
     def bind(self, layout) -> None:
         if layout is None and self.release is not None:
@@ -288,7 +300,9 @@ class ReduceScatter(Reduction):
         return self.layout.flat_params, [p.detach() for p in module.parameters() if id(p) not in flat]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
-        return collectives.reduce_scatter_in_place(buffer, self.reducer.group, self.op)
+        if self.avg:  # torch DDP's average: scale by 1/n, then SUM (as all_reduce_async)
+            buffer.mul_(1.0 / self.reducer.world)
+        return collectives.reduce_scatter_in_place(buffer, self.reducer.group, dist.ReduceOp.SUM)
 
     def finish(self, b: int, result) -> int:  # in place: the shard already holds its average
         buffer = self.layout.buckets[b].buffer

@@ -16,8 +16,10 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
    whatever order autograd delivers gradients in.
 3. end of backward: `_finish_backward`, queued on the autograd engine by the first hook,
    launches what is left (buckets with unused parameters, or everything when
-   overlap=False), waits for every bucket in order, and checks the usage flags carried by
-   the last bucket on every rank. After the first iteration the buckets are rebuilt once in
+   overlap=False), waits for every bucket in order, and copies the usage flags carried by
+   the last bucket to the host without waiting (minddp.transfer); the next forward reads them
+   and raises on every rank if some rank left a parameter unused (torch DDP also raises
+   there). After the first iteration the buckets are rebuilt once in
    the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). With
    `optimizer_overlap=True`, `post_reduce(b)` steps bucket b's parameters right after its
    wait, while later buckets are still in flight (minddp.zero.OverlappedOptimizer).
@@ -57,7 +59,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _compat, gradnorm
+from . import _compat, gradnorm, transfer
 from . import ddp_checks as checks
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
@@ -129,6 +131,7 @@ class DistributedDataParallel(nn.Module):
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self.uneven: _join.Join | None = None  # inside join()
         self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
+        self._usage = None  # the last backward's usage flags, on their way to the host
 
     def _replicate(self, module: nn.Module) -> None:
         """The trainable parameters in the engine's indexing; the same model on every rank."""
@@ -163,6 +166,7 @@ class DistributedDataParallel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
+        self._check_last_usage()
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         bcast = self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
         src = self.src_rank
@@ -240,9 +244,8 @@ class DistributedDataParallel(nn.Module):
             # parameters some rank left unused, at no extra collective. The flag is
             # "unused here" (or "used here" with find_unused_parameters): after a
             # sum or average, nonzero means "on some rank", in any dtype.
-            flags = torch.tensor([r == self.find_unused_parameters for r in self._ready],
-                                 dtype=bucket.buffer.dtype)
-            bucket.buffer[-len(self.params):].copy_(flags)
+            flags = [r == self.find_unused_parameters for r in self._ready]
+            transfer.copy_into(bucket.buffer[-len(self.params):], flags)  # no host sync
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
         bucket.future = self.observer.launched(b, self.reduction.launch(b))
 
@@ -251,7 +254,10 @@ class DistributedDataParallel(nn.Module):
         self._reduced_since_forward = True
         self._expect_sync = False
         self._reduce_rest_and_wait()
-        self._check_usage_flags()
+        if self.find_unused_parameters:
+            self._restore_unused_grads()
+        else:
+            self._usage = self._usage_to_host()
         if not self.rebuilt:  # after the wait's locals are gone, so the old buffers can go
             self.rebuild(self._ready_order)
 
@@ -275,23 +281,32 @@ class DistributedDataParallel(nn.Module):
                 self.post_reduce(b)
         self.observer.wait_end(wire_bytes)
 
-    def _check_usage_flags(self) -> None:
-        """On every rank, whatever is recorded: a parameter unused on some rank is an error,
-        or (find_unused_parameters) its .grad is restored as torch DDP leaves it."""
+    def _restore_unused_grads(self) -> None:
+        """find_unused_parameters: .grad as torch DDP leaves it, the averaged view for a parameter
+        used on some rank, untouched (None if it was) for one unused everywhere. It needs the
+        flags now, before the optimizer step: one host sync, as in torch DDP's reducer."""
+        used = [v != 0 for v in transfer.to_host(self.reduction.usage_flags(len(self.params))).tolist()]
+        for bucket in self.layout.buckets:
+            for i, grad_was_none in bucket.unused:
+                if used[i]:
+                    self.params[i].grad = self.layout.views[i]
+                elif grad_was_none:
+                    self.params[i].grad = None
+
+    def _usage_to_host(self):
+        """Start copying the reduced usage flags to the host (read by the next forward)."""
         tail = self.reduction.usage_flags(len(self.params))
         if tail is None:  # this rank sees only its shard of the flags (reduce-scatter)
             return checks.check_used_here(self.names, self._ready)
-        flags = tail != 0
-        if self.find_unused_parameters:
-            for bucket in self.layout.buckets:
-                for i, grad_was_none in bucket.unused:
-                    # globally used: .grad is the averaged view; globally unused: untouched
-                    if flags[i]:
-                        self.params[i].grad = self.layout.views[i]
-                    elif grad_was_none:
-                        self.params[i].grad = None
-        elif flags.any():
-            checks.unused_parameters_error(self.names, flags, self._ready)
+        return transfer.to_host(tail), list(self._ready)
+
+    def _check_last_usage(self) -> None:
+        """On every rank (the flags are reduced): a parameter some rank left unused is an error."""
+        if self._usage is not None:
+            (flags, ready), self._usage = self._usage, None
+            unused = [v != 0 for v in flags.tolist()]
+            if any(unused):
+                checks.unused_parameters_error(self.names, unused, ready)
 
     def rebuild(self, ready_order: list[int]) -> None:
         """Once: re-bucket by rank 0's observed gradient-ready order (broadcast: a collective)."""

@@ -144,9 +144,10 @@ def _describe(entry) -> str:
     return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"
 
 
-def unused_parameters_error(names: list[str], flags, ready: list[bool]) -> None:
-    """Raised on every rank when the usage flags say some rank left parameters unused."""
-    unused = [names[i] for i in flags.nonzero().flatten().tolist()]
+def unused_parameters_error(names: list[str], flags: list[bool], ready: list[bool]) -> None:
+    """Raised on every rank when the usage flags say some rank left parameters unused (read at
+    the forward after that backward, as torch DDP raises)."""
+    unused = [n for n, f in zip(names, flags) if f]
     here = [names[i] for i, r in enumerate(ready) if not r]
     raise RuntimeError(
         f"minddp: {len(unused)} parameter(s) received no gradient on at least one rank "
