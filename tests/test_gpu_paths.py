@@ -3,16 +3,24 @@
 What only a GPU can show is `make gpu-check`'s (scripts/gpu_check.py)."""
 
 import math
+import os
+import sys
 
 import pytest
 import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import minddp
 
 from minddp.train import flops
 from hydra import compose, initialize_config_dir
 
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
+from tests import multiproc
 from tests.conftest import ROOT
+from tests.multiproc import MLP, batch, shard
 
 register()
 
@@ -57,3 +65,75 @@ def test_bf16_auto_is_off_on_cpu_and_explicit_settings_win():
     validate(_cfg("train.bf16=auto"), 1)
     with pytest.raises(ConfigError, match="train.bf16 must be true, false or auto"):
         validate(_cfg("train.bf16=maybe"), 1)
+
+
+# ------------------------------------------------- no host sync in a steady step
+class SyncSentinel(TorchFunctionMode):
+    """Records every call from minddp code that would block the host on a CUDA tensor: reading
+    a value (item, tolist, bool, float, int, numpy, cpu) or building a tensor from host data
+    (torch.tensor: a pageable host-to-device copy). minddp/transfer.py is the one place allowed
+    to, with pinned memory and non_blocking copies (read there by eye)."""
+
+    READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"}
+    BUILDS = {"tensor", "as_tensor"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name == "backward":  # a mode is off inside its own handler: run the engine under it,
+            with self:  # so the engine's hooks and end-of-backward callback are watched too
+                loss = args[0]
+                torch.autograd.graph._engine_run_backward(
+                    (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
+                    accumulate_grad=True)
+            return None
+        if name in self.READS | self.BUILDS:
+            frame = sys._getframe(1)
+            path = frame.f_code.co_filename
+            if f"{os.sep}minddp{os.sep}" in path and not path.endswith("transfer.py"):
+                self.calls.append(f"{name} at {path.split('minddp' + os.sep, 1)[1]}:{frame.f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def _engine_and_optimizer(kind):
+    torch.manual_seed(0)
+    model = MLP()
+    if kind == "zero1":
+        ddp = minddp.DDP(model, shard_optimizer=True, bucket_cap_mb=1e-6)
+        return ddp, minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=1e-3)
+    if kind == "optimizer_overlap":
+        ddp = minddp.DDP(model, optimizer_overlap=True, bucket_cap_mb=1e-6)
+        return ddp, minddp.OverlappedOptimizer(ddp, torch.optim.AdamW, lr=1e-3)
+    ddp = minddp.DDP(model, bucket_cap_mb=1e-6)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+
+
+def _steps_under_sentinel(rank, world_size, kind):
+    ddp, opt = _engine_and_optimizer(kind)
+
+    def step(i):
+        x, y = batch(i, world_size)
+        nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+        if kind != "optimizer_overlap":  # it refuses clipping (the norm needs every bucket first)
+            (opt if kind == "zero1" else ddp).clip_grad_norm_(1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with SyncSentinel() as first:
+        step(0)  # the first iteration rebuilds the buckets: one broadcast plan read on the host
+    for i in range(1, 3):
+        step(i)
+    with SyncSentinel() as steady:
+        step(3)
+        step(4)  # its forward reads step 3's usage flags
+    return first.calls, steady.calls
+
+
+@pytest.mark.parametrize("kind", ["ddp", "zero1", "optimizer_overlap"])
+def test_no_host_sync_in_a_steady_step(kind):
+    for first, steady in multiproc.run(_steps_under_sentinel, 2, kind, timeout=90):
+        assert steady == [], f"{kind}: host syncs in the steady step: {steady}"
+        assert any("ddp.py" in c and "tolist" in c for c in first), first  # the sentinel sees the engine
