@@ -137,3 +137,18 @@ def test_no_host_sync_in_a_steady_step(kind):
     for first, steady in multiproc.run(_steps_under_sentinel, 2, kind, timeout=90):
         assert steady == [], f"{kind}: host syncs in the steady step: {steady}"
         assert any("ddp.py" in c and "tolist" in c for c in first), first  # the sentinel sees the engine
+
+
+def test_bench_ranks_on_gpus_are_not_pinned_and_reports_say_how_ranks_ran(monkeypatch):
+    from minddp.tools import cli
+
+    pinned = []
+    monkeypatch.setattr(cli, "pin_to_core", lambda: pinned.append(True))
+    monkeypatch.setattr(cli, "init_distributed", lambda device: device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.start("auto", pin=True) == "auto" and pinned == []  # auto on a GPU node: nccl
+    assert cli.start("nccl", pin=True) == "cuda" and pinned == []
+    assert cli.start("gloo", pin=True) == "cpu" and pinned == [True]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert cli.ranks_phrase(8, torch.device("cuda", 0)) == "8 nccl ranks, one NVIDIA H100 80GB HBM3 each"
+    assert "gloo ranks pinned" in cli.ranks_phrase(2, torch.device("cpu"))

@@ -34,7 +34,7 @@ from .. import _compat
 from ..ddp import DistributedDataParallel
 from ..train.model import GPT, GPTConfig, num_params
 from ..zero import ShardedOptimizer
-from .cli import start, timed
+from .cli import ranks_phrase, start, timed
 
 
 def step(model, opt, x) -> float:
@@ -238,7 +238,7 @@ def main() -> None:
 def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms) -> str:
     lines = [
         f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
-        f"{world} gloo ranks pinned to one core each, 1 thread, batch {args.batch}x{cfg.block_size} "
+        f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
         f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
         "steps per configuration.",
         "",

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from ..dist import exit_worker
 from ..train.config import register
 from ..train.trainer import Trainer, build_model
-from .cli import pin_to_core, timed
+from .cli import pin_to_core, ranks_phrase, timed
 
 WORKLOAD = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
             "train.global_batch_size=32", "train.micro_batch_size=8", "data=text", "wandb.mode=disabled",
@@ -115,7 +115,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="steps of each loop per round")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    pin_to_core()
+    if not torch.cuda.is_available():  # GPU ranks are never pinned (see cli.start)
+        pin_to_core()
     torch.set_num_threads(1)
     trainer = make_trainer([], tempfile.mkdtemp(prefix="bench-trainer-"))
     loops = {"trainer": None, "bare loop": HandLoop(trainer, True, False),
@@ -146,7 +147,7 @@ def report(args, trainer, medians, ratios, spent) -> str:
         "",
         "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer`). "
         f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
-        "global batch 32, micro-batch 8, fp32 eager, 2 gloo ranks pinned to a core each, 1 thread; "
+        f"global batch 32, micro-batch 8, fp32 eager, {ranks_phrase(trainer.info.world_size, trainer.info.device)}; "
         f"{args.repeats} repeats of {args.rounds} rotated rounds x {args.steps} steps per loop. Per repeat "
         "the ratio of median steps (each step's time the max over ranks); below, the median and "
         "spread (min-max) of those ratios over the repeats.",

@@ -22,14 +22,24 @@ def pin_to_core() -> None:
 
 
 def start(backend: str = "auto", pin: bool = False) -> DistInfo:
-    """Threads from OMP_NUM_THREADS, optionally pinned, and the process group whose backend
-    follows the device (`cuda:LOCAL_RANK` with nccl, else CPU with gloo)."""
+    """Threads from OMP_NUM_THREADS, the process group whose backend follows the device
+    (`cuda:LOCAL_RANK` with nccl, else CPU with gloo), and with `pin` each CPU rank on a core of
+    its own. GPU ranks are never pinned: NCCL's proxy, the watchdog and autograd's device
+    thread would share that one core."""
     if backend not in BACKEND_DEVICE:
         raise SystemExit(f"--backend must be one of {', '.join(BACKEND_DEVICE)}, got {backend!r}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if pin:
+    on_gpu = backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
+    if pin and not on_gpu:  # before the process group: its threads inherit the core
         pin_to_core()
     return init_distributed(BACKEND_DEVICE[backend])
+
+
+def ranks_phrase(world: int, device: torch.device) -> str:
+    """How the ranks of a measurement ran, for its report."""
+    if device.type == "cuda":
+        return f"{world} nccl ranks, one {torch.cuda.get_device_name(device)} each"
+    return f"{world} gloo ranks pinned to a core each, {torch.get_num_threads()} thread(s)"
 
 
 def timing_strategy(device: torch.device) -> str:
