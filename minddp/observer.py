@@ -86,8 +86,7 @@ class Observer:
         if self._t_first_launch is None:
             self._t_first_launch = now
         self._t_launch[b] = now
-        if self.trace is not None:
-            self.trace.append(("launch", b, now))
+        self._note("launch", b, now)
         if _compat.profiler_enabled():  # a named range in torch.profiler traces
             self._range = torch.profiler.record_function(f"minddp: bucket {b} {kind} ({nbytes} B)")
             self._range.__enter__()
@@ -117,8 +116,11 @@ class Observer:
 
     def _mark_done(self, b: int) -> None:
         self._t_last_done = self._t_done[b] = time.perf_counter()
+        self._note("done", b, self._t_last_done)
+
+    def _note(self, event: str, b, t: float) -> None:
         if self.trace is not None:
-            self.trace.append(("done", b, self._t_last_done))
+            self.trace.append((event, b, t))
 
     def backward_end(self, launched_in_backward: int) -> None:
         self.stats.launched_in_backward = launched_in_backward
@@ -153,12 +155,17 @@ class Observer:
 
 
 class CudaObserver(Observer):
-    """Per-bucket CUDA events on a side stream time the collectives themselves."""
+    """Per-bucket CUDA events time the collectives themselves, never blocking the host: a
+    bucket's end event is recorded on a timing stream made to wait for the collective (an NCCL
+    future is complete at enqueue, its wait() only orders streams; a worker thread's future
+    records it when it completes, on that thread). No completion is read from the host: an
+    NCCL Work reads done at enqueue, which would draw zero-width bars."""
 
     host_clock = False
 
     def __init__(self, device: torch.device, overlap: bool = True):
         super().__init__(overlap)
+        self.device = device
         self._stream = torch.cuda.Stream(device)
         self._events: list[tuple] = []
         self._marks: dict | None = None
@@ -168,16 +175,38 @@ class CudaObserver(Observer):
         while len(self._events) < num_buckets:
             self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
         self._marks = None
+        if self.trace is not None:  # a traced step: GPU times on the host clock, from an idle GPU
+            torch.cuda.synchronize(self.device)
+            self._anchor = (torch.cuda.Event(enable_timing=True), time.perf_counter())
+            self._anchor[0].record()
 
     def launch(self, b: int, nbytes: int, kind: str) -> None:
         super().launch(b, nbytes, kind)
         self._events[b][0].record()  # on the compute stream: the bucket is handed to the backend here
 
     def launched(self, b: int, future):
-        with torch.cuda.stream(self._stream):
+        self._end_range()
+        self.stats.launch_order.append(b)
+        if isinstance(future, torch.futures.Future) and not future.done():  # a worker thread's:
+            return future.then(functools.partial(self._record_end, b))  # recorded when it completes
+        self._record_end(b, future)
+        return future
+
+    def _record_end(self, b: int, future):
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             future.wait()  # the timing stream waits for the collective, the host does not
             self._events[b][1].record()
-        return super().launched(b, future)
+        return future.value() if isinstance(future, torch.futures.Future) else None
+
+    def poll(self) -> None:
+        pass  # completion times come from the events
+
+    def done(self, b: int) -> None:
+        pass
+
+    def _note(self, event: str, b, t: float) -> None:
+        if event not in ("launch", "done"):  # those come from the events (wait_end)
+            super()._note(event, b, t)
 
     def backward_end(self, launched_in_backward: int) -> None:
         super().backward_end(launched_in_backward)
@@ -187,6 +216,16 @@ class CudaObserver(Observer):
     def wait_end(self, wire_bytes: int) -> None:
         super().wait_end(wire_bytes)
         self._marks["wait_end"].record()  # after the compute stream waited for every bucket
+        if self.trace is not None:
+            self._trace_from_events()
+
+    def _trace_from_events(self) -> None:
+        """The traced step's launch and done times, from the events (a traced step may sync)."""
+        torch.cuda.synchronize(self.device)
+        ref, t0 = self._anchor
+        for b, (a, z) in enumerate(self._events[: self.stats.num_buckets]):
+            self.trace.append(("launch", b, t0 + ref.elapsed_time(a) / 1e3))
+            self.trace.append(("done", b, t0 + ref.elapsed_time(z) / 1e3))
 
     def read(self) -> CommStats:
         """CUDA events resolved on the first read after an iteration."""

@@ -71,10 +71,10 @@ class ShardedOptimizer:
         self._slice_shards(inner)
         self.optim = optimizer_class(inner, **defaults)
         self._gathers: dict[int, object] = {}
-        # host time waited for all-gathers: since they were launched, and over the last step
-        # (what the forward before the last step() waited; minddp's metrics comm/exposed_gather_s).
-        # Host time: on CUDA a wait only makes the stream wait, so there it reads about 0.
-        self.gather_wait_s = self.exposed_gather_s = 0.0
+        # the forward's waits for all-gathers, since they were launched (_waits) and before the
+        # last step() (_last_waits): host seconds on CPU, a pair of CUDA events around the wait
+        # on CUDA (there the host does not wait, the compute stream does)
+        self._waits, self._last_waits = [], []
         self._seen_done: set[int] = set()  # gathers a traced forward saw finished
         ddp.reduction.release = self._release  # called before the engine rebuilds its buckets
         self._hooks = [m.register_forward_pre_hook(self._make_wait(m)) for m in ddp.module.modules()
@@ -129,7 +129,7 @@ class ShardedOptimizer:
             self._apply_state(self._pending_state)
             self._pending_state = None
         self.wait_params()
-        self.exposed_gather_s, self.gather_wait_s = self.gather_wait_s, 0.0
+        self._last_waits, self._waits = self._waits, []
         for s in self._segments:
             s.tensor.grad = s.grad
         self.optim.step()
@@ -150,10 +150,27 @@ class ShardedOptimizer:
         for b in list(self._gathers):
             self._wait(b)
 
+    @property
+    def gather_wait_s(self) -> float:
+        """Seconds the forward waited for the all-gathers launched by the last step()."""
+        return sum(map(_seconds, self._waits))
+
+    @property
+    def exposed_gather_s(self) -> float:
+        """... and for those of the step before (read after step(): comm/exposed_gather_s)."""
+        return sum(map(_seconds, self._last_waits))
+
     def _wait(self, b: int) -> None:
         t = time.perf_counter()
-        self._gathers.pop(b).wait()  # on CUDA the stream waits, not the host
-        self.gather_wait_s += time.perf_counter() - t
+        if self.ddp.device.type == "cuda":  # the compute stream's stall, between two events
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
+            self._gathers.pop(b).wait()
+            events[1].record()
+            self._waits.append(events)
+        else:
+            self._gathers.pop(b).wait()
+            self._waits.append(time.perf_counter() - t)
         if self.ddp.trace is not None and b not in self._seen_done:  # (_poll marked the others)
             self._note("gather_wait", b, t)  # the forward waited from t until now
             self._note("gather_done", b)
@@ -286,6 +303,14 @@ class ShardedOptimizer:
                 else:
                     st[key] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
             self.optim.state[s.tensor] = st
+
+
+def _seconds(wait) -> float:
+    if isinstance(wait, float):
+        return wait
+    start, end = wait
+    end.synchronize()  # recorded in a forward that has long been queued: about free
+    return start.elapsed_time(end) / 1e3
 
 
 class OverlappedOptimizer:

@@ -34,7 +34,7 @@ from .. import _compat
 from ..ddp import DistributedDataParallel
 from ..train.model import GPT, GPTConfig, num_params
 from ..zero import ShardedOptimizer
-from .cli import ranks_phrase, start, timed
+from .cli import PhaseClock, ranks_phrase, start, sync, timed
 
 
 def step(model, opt, x) -> float:
@@ -103,15 +103,19 @@ def overlap_config(base, cap, adamw):
 
 
 def phased_step(model, opt, x) -> tuple[float, float, float]:
-    """Seconds of forward, backward and optimizer step (each synchronised on CUDA)."""
+    """Seconds of forward, backward and optimizer step, on the device's clock (CUDA events: a
+    sync after the step would move ZeRO-1's all-gathers, which the forward waits for, into it)."""
     opt.zero_grad()
-    out = {}
-
-    def forward():
-        out["loss"] = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-
-    return (timed(forward, x.device), timed(lambda: out["loss"].backward(), x.device),
-            timed(opt.step, x.device))
+    sync(x.device)
+    clock = PhaseClock(x.device)
+    loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    clock.mark("forward")
+    loss.backward()
+    clock.mark("backward")
+    opt.step()
+    clock.mark("step")
+    forward, backward, step = (z - a for _, a, z in clock.spans())
+    return forward, backward, step
 
 
 def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[float]]:

@@ -62,6 +62,32 @@ def timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+class PhaseClock:
+    """Phase boundaries on the device's own clock: host time on CPU; on CUDA an event per
+    boundary (the host only enqueued the work), put on the host clock from the start."""
+
+    def __init__(self, device: torch.device):
+        self.cuda, self.t0 = device.type == "cuda", time.perf_counter()
+        self.marks = [(None, self._now())]
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        times = [t for _, t in self.marks]
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [self.t0 + times[0].elapsed_time(e) / 1e3 for e in times]
+        return [(name, a, z) for (name, _), a, z in zip(self.marks[1:], times, times[1:])]
+
+
 def pyplot():
     """matplotlib without a display."""
     import matplotlib

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..train.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
-from .cli import start, sync
+from .cli import PhaseClock, start, sync
 
 
 def compiled(model, how: str):
@@ -114,17 +114,17 @@ def zero1_timeline(args, device) -> None:
             opt.step()
     tr = StepTrace(model)
     dist.barrier()
+    sync(device)
     tr.start()
-    for name, work in (("optimizer", opt.step), ("forward", None), ("backward", None)):
-        t = time.perf_counter()
-        if name == "forward":
-            loss = loss_of()
-        elif name == "backward":
-            loss.backward()
-        else:
-            work()
-        sync(device)
-        tr.span(name, t, time.perf_counter())
+    clock = PhaseClock(device)  # no sync between the phases: the gathers may overlap the forward
+    opt.step()
+    clock.mark("optimizer")
+    loss = loss_of()
+    clock.mark("forward")
+    loss.backward()
+    clock.mark("backward")
+    for name, a, z in clock.spans():
+        tr.span(name, a, z)
     exposed = opt.gather_wait_s  # the forward's waits for this step's all-gathers
     trace = tr.stop()
     label = (f"ZeRO-1: optimizer step, then forward and backward; {len(model.bucket_assignment)} buckets, "
