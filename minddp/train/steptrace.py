@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from .atomic import atomic_write
@@ -26,6 +27,13 @@ class StepTrace:
     def start(self) -> None:
         self.ddp.trace = []
         self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        """The host clock once the device has finished what was queued (a CUDA host only
+        enqueues: a traced step synchronises, so its spans are the work, not its launch)."""
+        if self.ddp.device.type == "cuda":
+            torch.cuda.synchronize(self.ddp.device)
+        return time.perf_counter()
 
     def span(self, name: str, start: float, end: float) -> None:
         self.spans.append((name, start - self.t0, end - self.t0))
