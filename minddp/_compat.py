@@ -59,10 +59,15 @@ def profiler_enabled() -> bool:
     return torch.autograd.profiler._is_profiler_enabled
 
 
-def dump_flight_recorder() -> bytes:
+def dump_flight_recorder(backend: str = "gloo") -> bytes:
     """torch's native flight recorder (TORCH_FR_BUFFER_SIZE) as the pickle its own analyser reads;
-    torch exposes the dump only through c10d's private binding."""
-    return torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    torch exposes the dump only through c10d's private bindings. NCCL keeps its own recorder
+    (CUDA-event timings, states): a process group on nccl dumps that one, `_dump_nccl_trace`
+    (CUDA builds only); gloo's is `_dump_fr_trace`."""
+    c10d = torch._C._distributed_c10d
+    if "nccl" in backend and hasattr(c10d, "_dump_nccl_trace"):
+        return c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    return c10d._dump_fr_trace(includeStackTraces=False)
 
 
 def ddp_rebuilt_bucket_sizes(model) -> str:

@@ -152,3 +152,16 @@ def test_bench_ranks_on_gpus_are_not_pinned_and_reports_say_how_ranks_ran(monkey
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert cli.ranks_phrase(8, torch.device("cuda", 0)) == "8 nccl ranks, one NVIDIA H100 80GB HBM3 each"
     assert "gloo ranks pinned" in cli.ranks_phrase(2, torch.device("cpu"))
+
+
+def test_flight_recorder_dumps_nccls_own_recorder_on_nccl(monkeypatch):
+    """NCCL keeps its collectives in its own recorder: gloo's dump is empty there."""
+    from minddp import _compat
+
+    c10d = torch._C._distributed_c10d
+    monkeypatch.setattr(c10d, "_dump_nccl_trace", lambda **kw: b"nccl:" + repr(sorted(kw)).encode(),
+                        raising=False)
+    assert _compat.dump_flight_recorder("nccl").startswith(b"nccl:")
+    assert _compat.dump_flight_recorder("cpu:gloo,cuda:nccl").startswith(b"nccl:")
+    assert not _compat.dump_flight_recorder("gloo").startswith(b"nccl:")  # gloo's own pickle
+

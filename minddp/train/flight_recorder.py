@@ -6,7 +6,8 @@
   state and timings, and a dump by the watchdog on timeout). `dump(run_dir, reason)` writes
   torch's dump to `<run_dir>/flight_recorder/rank<r>` (the format torch's own analyser,
   `python -m torch.distributed.flight_recorder.fr_trace`, reads) on any exception, on a
-  collective timeout and on SIGTERM.
+  collective timeout and on SIGTERM: NCCL's own recorder on nccl, gloo's on gloo. On a
+  timeout nccl's watchdog also writes `watchdog_rank<r>` there.
 - minddp adds only what torch does not record (`<run_dir>/flight_recorder_context/rank<r>.json`):
   why the rank dumped (the exception or signal), where the trainer was (step and phase),
   and the ranks of each process group (gloo's dump has no group membership).
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from .. import _compat
 from .atomic import atomic_write
 
+WATCHDOG_PREFIX = "watchdog_rank"  # nccl's watchdog dump: <run_dir>/flight_recorder/watchdog_rank<r>
 _context: dict = {"step": None, "phase": None, "groups": {}}
 _dumped = False  # the first dump of a process wins: later ones record the consequences
 
@@ -38,9 +40,11 @@ def configure(buffer_size: int = 2000, run_dir=None, detail: bool = False) -> No
     """Call before init_process_group. Never overrides what the user exported."""
     if buffer_size > 0:
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(buffer_size))
-        if run_dir is not None:  # where nccl's watchdog writes its own dump on a timeout
+        if run_dir is not None:  # where nccl's watchdog writes its own dump on a timeout: a name
+            # of its own (watchdog_rank<r>), or its file and minddp's rank<r> would overwrite each other
             (Path(run_dir) / "flight_recorder").mkdir(parents=True, exist_ok=True)
-            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(run_dir) / "flight_recorder" / "rank"))
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE",
+                                  str(Path(run_dir) / "flight_recorder" / WATCHDOG_PREFIX))
             os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if detail:
         enable_fingerprints()
@@ -88,7 +92,7 @@ def dump(run_dir, reason: str = "") -> Path | None:
         context = json.loads(context_path.read_text())
         context.setdefault("later", []).append(reason)
     else:
-        atomic_write(path, _compat.dump_flight_recorder())
+        atomic_write(path, _compat.dump_flight_recorder(str(dist.get_backend())))
         context = {"rank": rank, "world_size": dist.get_world_size(), "reason": reason,
                    "time": time.time(), **_context}
         _dumped = True
