@@ -95,9 +95,11 @@ timeline: install  ## one step per rank, overlap on/off and ZeRO-1: docs/timelin
 scaling: install  ## the trainer over world sizes and caps beside the cost model: docs/scaling.{md,png}
 	$(BIN)/minddp scaling --repeats 3 --variants auto $(ARGS)
 
-# on a CUDA machine (< 5 min): demos, minddp == torch DDP on CUDA, 50 bf16 trainer steps with MFU,
-# the nccl collective table; one verdict per line, logs under gpu_check/ (no CUDA: says so, exits 0)
-gpu-check: install  ## on a CUDA machine (< 5 min): PASS/FAIL/SKIP per item under gpu_check/
+# on a CUDA machine (< 10 min, 1 or more GPUs): the engine against torch DDP on nccl and on gloo with
+# CUDA tensors, no host sync in a steady step, overlap in a profiler trace, flat memory, the flight
+# recorder, the trainer in bf16 (MFU, resume, SIGTERM), tp=2, the demos, the nccl collective table.
+# One verdict per line, logs and summary.json under gpu_check/; no usable CUDA: one line, exit 1
+gpu-check: install  ## on a CUDA machine (< 10 min): PASS/FAIL/SKIP per item, gpu_check/summary.json
 	$(BIN)/python scripts/gpu_check.py --out gpu_check
 
 # faults that lose runs, on 2-rank jobs (~3 min, root for the tmpfs): a disk that fills up mid-run,

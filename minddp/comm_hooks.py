@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from . import collectives
 
+
 def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str) -> torch.futures.Future:
     """Start an in-place all-reduce of `tensor`; "avg" is torch DDP's: multiply by 1/size of the
     group, then SUM (never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out NVLS on

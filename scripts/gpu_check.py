@@ -1,22 +1,33 @@
-"""make gpu-check: prove the GPU paths on the first CUDA machine, in one command (< 5 min).
+"""make gpu-check: prove the GPU paths on a CUDA machine, in one command (< 10 min).
 
     python scripts/gpu_check.py [--out gpu_check]        # = make gpu-check
 
-Works on one GPU (the likeliest first machine) and on several. Prints one verdict line per
-item (PASS / FAIL / SKIP with the reason) and writes every log under --out:
-1. the textbook demos on the GPU (nccl, one rank per GPU);
-2. minddp vs torch DDP on CUDA tensors: nccl with one rank per GPU (world 1 on one GPU),
-   and 2 ranks sharing GPU 0 through gloo (nccl refuses two ranks on one GPU);
-3. the trainer, 50 steps in bf16, with its MFU;
-4. the collective benchmark table on nccl (nccl-tests columns).
-On a machine without CUDA every item says "no CUDA device" and the script exits 0.
+One verdict line per item (PASS / FAIL / SKIP with the reason), every log and a JSON summary
+(summary.json) under --out. Exit 0 only if nothing failed; exit 1 with one line ("nothing was
+checked") when no CUDA device is usable, naming a CPU-only torch build if that is why.
+
+On any number of GPUs:
+- the textbook demos on nccl, one rank per GPU;
+- scripts/gpu_check_worker.py on nccl (one rank per GPU; world 1 on one GPU): minddp's gradients
+  against torch DDP's for DDP, ZeRO-1, optimizer_overlap, fp16 and bf16 compression; no host sync
+  in a steady step (torch.cuda.set_sync_debug_mode("error")) for DDP, ZeRO-1, optimizer_overlap;
+  a profiled step whose CUDA-event comm stats agree with the collective kernels (and, with 2+
+  GPUs, collective kernels running while backward kernels run); allocated and reserved memory
+  flat over 200 steps; NCCL's flight recorder non-empty; with 2+ GPUs also
+  find_unused_parameters against torch DDP and join() with uneven inputs;
+- the same worker with 2 ranks on cuda:0 over gloo: the engine's stream handling with CUDA
+  tensors even on one GPU (the equivalence checks);
+- the trainer: bf16 steps with an MFU in (0, 100%], resume from its GPU checkpoint, a SIGTERM
+  that saves; tensor parallelism tp=2 with 2+ GPUs;
+- the collective benchmark on nccl (nccl-tests columns).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +40,9 @@ BIN = Path(sys.executable).parent
 DEMOS_ONE_RANK_SKIPS = {"hierarchical": "needs 2 ranks per node and 2 nodes",
                         "ring_exchange": "needs 2 ranks", "deadlock": "needs 2 ranks",
                         "moe_dispatch": "needs 2 ranks"}
+TRAIN = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "model.block_size=256",
+         "train.micro_batch_size=16", "train.eval_every=0", "train.log_every=10", "wandb.mode=disabled"]
+RESULTS: dict[str, dict] = {}
 
 
 def torchrun(nproc: int, *args: str) -> list[str]:
@@ -39,20 +53,45 @@ def run(name: str, cmd: list[str], out: Path, timeout: int, env=None) -> tuple[b
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "WANDB_MODE": "disabled", **(env or {})})
+                           env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "4",
+                                **(env or {})})
         ok, text = p.returncode == 0, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         ok, text = False, f"timed out after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
     (out / f"{name}.log").write_text(f"$ {' '.join(cmd)}\n{text}")
-    return ok, f"{time.monotonic() - t0:.0f}s"
+    return ok, f"{time.monotonic() - t0:.0f}s, log {name}.log"
 
 
 def verdict(item: str, ok: bool | None, detail: str) -> bool:
     word = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
+    RESULTS[item] = {"verdict": word, "detail": detail}
     print(f"{word:5s} {item}: {detail}", flush=True)
     return ok is not False
 
 
+def why_no_cuda() -> str | None:
+    """None when a CUDA device is usable, else the one-line reason."""
+    if torch.version.cuda is None:
+        return (f"nothing was checked: this torch is a CPU-only build (torch {torch.__version__}); "
+                "install a CUDA wheel of the same version on the GPU machine")
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return (f"nothing was checked: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no "
+                f"CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+    return None
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+# ------------------------------------------------------------------------- items
 def check_demos(gpus: int, out: Path) -> bool:
     from minddp.demos import DEMOS
 
@@ -62,37 +101,81 @@ def check_demos(gpus: int, out: Path) -> bool:
             good &= verdict(f"demo {name}", None, DEMOS_ONE_RANK_SKIPS[name] + " (one GPU here)")
             continue
         ok, t = run(f"demo_{name}", torchrun(gpus, "-m", "minddp.demos", name), out, 120)
-        good &= verdict(f"demo {name}", ok, f"{gpus} rank(s) on nccl, {t}; log demo_{name}.log")
+        good &= verdict(f"demo {name}", ok, f"{gpus} rank(s) on nccl, {t}")
     return good
 
 
-def check_equivalence(gpus: int, out: Path) -> bool:
-    here = str(Path(__file__).resolve())
-    ok1, t1 = run("equivalence_nccl", torchrun(gpus, here, "--worker", "nccl"), out, 180)
-    good = verdict("minddp == torch DDP, nccl", ok1, f"{gpus} rank(s), {t1}; log equivalence_nccl.log")
-    ok2, t2 = run("equivalence_gloo_cuda", torchrun(2, here, "--worker", "gloo-cuda"), out, 180)
-    return good & verdict("minddp == torch DDP, gloo on CUDA tensors", ok2,
-                          f"2 ranks sharing cuda:0, {t2}; log equivalence_gloo_cuda.log")
+def check_worker(mode: str, nproc: int, out: Path) -> bool:
+    here = str(Path(__file__).resolve().with_name("gpu_check_worker.py"))
+    ok, t = run(f"worker_{mode}", torchrun(nproc, here, mode, str(out)), out, 300)
+    where = f"{nproc} rank(s), {'one GPU each' if mode == 'nccl' else 'sharing cuda:0 over gloo'}"
+    path = out / f"worker_{mode}.json"
+    if not path.exists():
+        return verdict(f"{mode} worker", False, f"{where}: no results ({t})")
+    good = True
+    for name, (passed, detail) in json.loads(path.read_text()).items():
+        good &= verdict(f"{name} ({mode})", passed, f"{where}: {detail}")
+    return good & verdict(f"{mode} worker", ok, t)
 
 
 def check_trainer(gpus: int, out: Path) -> bool:
+    """bf16 steps with an MFU in (0, 100%], then a resume of the same run from its checkpoint."""
     run_dir = out / "trainer_run"
-    cmd = torchrun(gpus, "train.py", "train.max_steps=50", "train.bf16=true", "train.eval_every=25",
-                   "train.log_every=10", "model.n_layer=6", "model.n_embd=384", "model.n_head=6",
-                   "model.block_size=256", "train.global_batch_size=64",
-                   f"train.micro_batch_size={64 // gpus}")
-    ok, t = run("trainer", cmd, out, 240, env={"MINDDP_RUN_DIR": str(run_dir)})
-    detail = f"{t}; log trainer.log"
-    metrics = run_dir / "metrics.jsonl"
-    rows = metrics.read_text().splitlines() if metrics.exists() else []
-    if rows:
-        import json
+    env = {"MINDDP_RUN_DIR": str(run_dir)}
+    base = [*TRAIN, f"train.global_batch_size={16 * gpus}", "train.ckpt_every=25"]
+    ok, t = run("trainer", torchrun(gpus, "train.py", *base, "train.max_steps=50"), out, 240, env)
+    rows = metrics(run_dir)
+    last = rows[-1] if rows else {}
+    mfu = last.get("mfu")
+    good = (ok and last.get("step") == 50 and last["loss"] < rows[0]["loss"]
+            and mfu is not None and 0 < mfu <= 1)
+    detail = (f"step {last.get('step')}, loss {rows[0]['loss']:.3f} -> {last['loss']:.3f}, "
+              f"{last['tokens_per_s']:.0f} tok/s, MFU {'none' if mfu is None else f'{100 * mfu:.1f}%'}; {t}"
+              if rows else t)
+    good = verdict("trainer 50 steps bf16, MFU in (0, 100%]", good, detail)
+    ok, t = run("trainer_resume", torchrun(gpus, "train.py", *base, "train.max_steps=60",
+                                          "train.resume=auto"), out, 240, env)
+    steps = [r["step"] for r in metrics(run_dir)]
+    resumed = ok and steps[-1] == 60 and 50 in steps and steps.count(10) == 1
+    return good & verdict("resume from a GPU checkpoint", resumed,
+                          f"steps logged {steps[:3]}...{steps[-3:]}; {t}")
 
-        last = json.loads(rows[-1])
-        detail = (f"step {last['step']}, loss {last['loss']:.3f}, {last['tokens_per_s']:.0f} tok/s, "
-                  f"{last['tflops']:.1f} TFLOP/s, MFU {100 * last['mfu']:.1f}%, " + detail)
-        ok = ok and last["step"] == 50 and last["loss"] < json.loads(rows[0])["loss"]
-    return verdict("trainer 50 steps bf16", ok, detail)
+
+def check_sigterm(gpus: int, out: Path) -> bool:
+    """SIGTERM mid-run (as Slurm sends it; torchrun passes it on): the step finishes and a
+    checkpoint is written."""
+    run_dir = out / "sigterm_run"
+    cmd = torchrun(gpus, "train.py", *TRAIN, f"train.global_batch_size={16 * gpus}", "train.max_steps=100000",
+                   "train.ckpt_every=100000", "train.log_every=1")
+    log = (out / "sigterm.log").open("w")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                         env={**os.environ, "WANDB_MODE": "disabled", "MINDDP_RUN_DIR": str(run_dir)})
+    deadline = time.monotonic() + 180
+    while len(metrics(run_dir)) < 5 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    p.send_signal(signal.SIGTERM)
+    try:
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "killed after 120 s"
+    folder = run_dir / "checkpoints"
+    saved = sorted(f.name for f in folder.glob("*")) if folder.exists() else []
+    return verdict("SIGTERM saves a checkpoint", bool(saved),  # torchrun's own exit code varies
+                   f"torchrun exit {rc}, checkpoints {saved[-2:]}; log sigterm.log")
+
+
+def check_tp(gpus: int, out: Path) -> bool:
+    if gpus < 2:
+        return verdict("tensor parallel tp=2", None, "needs 2 GPUs")
+    run_dir = out / "tp_run"
+    ok, t = run("trainer_tp2", torchrun(gpus, "train.py", *TRAIN, f"train.global_batch_size={16 * gpus}",
+                                        "train.max_steps=30", "mesh.tp=2"), out, 240,
+                {"MINDDP_RUN_DIR": str(run_dir)})
+    rows = metrics(run_dir)
+    good = ok and bool(rows) and rows[-1]["step"] == 30 and rows[-1]["loss"] < rows[0]["loss"]
+    return verdict("tensor parallel tp=2", good, f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}; {t}"
+                   if rows else t)
 
 
 def check_bench(gpus: int, out: Path) -> bool:
@@ -100,63 +183,31 @@ def check_bench(gpus: int, out: Path) -> bool:
                    "--op", "all_reduce,all_gather,reduce_scatter", "-b", "8", "-e", "256MiB", "-f", "4",
                    "--csv", str(out / "bench.csv"))
     ok, t = run("bench", cmd, out, 180)
-    return verdict("collective benchmark (nccl)", ok, f"{gpus} rank(s), {t}; table in bench.log")
-
-
-def worker(mode: str) -> None:
-    """Under torchrun: minddp's gradients equal torch DDP's on CUDA tensors (fp32, bf16-compressed)."""
-    from torch import nn
-
-    import minddp
-    from minddp.dist import init_distributed, shutdown
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if mode == "nccl":
-        info = init_distributed("cuda")
-        assert info.backend == "nccl" and info.device == torch.device("cuda", local), info
-        device = info.device
-    else:  # two ranks on one GPU: gloo moves CUDA tensors through host memory
-        torch.distributed.init_process_group("gloo")
-        device = torch.device("cuda", 0)
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).to(device)
-    x = torch.randn(8, 64, device=device) + torch.distributed.get_rank()
-    errors = {}
-    for name, kwargs in {"fp32": {}, "bf16": {"compress": "bf16"}}.items():
-        ours = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=0.01, **kwargs)
-        theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-        for m in (ours, theirs):
-            for _ in range(2):  # the second iteration runs on rebuilt buckets
-                m.zero_grad()
-                m(x).square().mean().backward()
-        errors[name] = max((a.grad - b.grad).abs().max().item()
-                           for a, b in zip(ours.module.parameters(), theirs.module.parameters()))
-        stats = ours.comm_stats  # CUDA events on nccl: the time of the work, not of the launch
-        assert stats.num_collectives == len(ours.bucket_assignment) and stats.busy_s >= 0, stats
-    assert errors["fp32"] < 1e-5 and errors["bf16"] < 5e-2, errors
-    print(f"rank {torch.distributed.get_rank()}: max |grad - torch DDP| {errors}, "
-          f"busy {stats.busy_s * 1e3:.3f} ms")
-    shutdown()
+    return verdict("collective benchmark (nccl)", ok, f"{gpus} rank(s), {t}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_check"))
-    ap.add_argument("--worker", choices=["nccl", "gloo-cuda"])
     args = ap.parse_args()
-    if args.worker:
-        return worker(args.worker)
-    items = ["demos", "minddp == torch DDP", "trainer 50 steps bf16", "collective benchmark"]
-    if not torch.cuda.is_available():
-        for item in items:
-            verdict(item, None, "no CUDA device")
-        return
-    out = Path(args.out)
+    reason = why_no_cuda()
+    if reason:
+        print(f"gpu-check: {reason}", flush=True)
+        raise SystemExit(1)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count()
-    print(f"gpu-check on {gpus} x {torch.cuda.get_device_name(0)}, logs in {out}/", flush=True)
-    good = all([check_demos(gpus, out), check_equivalence(gpus, out), check_trainer(gpus, out),
-                check_bench(gpus, out)])
+    name = torch.cuda.get_device_name(0)
+    print(f"gpu-check on {gpus} x {name} (torch {torch.__version__}, CUDA {torch.version.cuda}), "
+          f"logs in {out}/", flush=True)
+    t0 = time.monotonic()
+    good = all([check_worker("nccl", gpus, out), check_worker("gloo-cuda", 2, out),  # every item runs
+                check_demos(gpus, out), check_trainer(gpus, out), check_sigterm(gpus, out),
+                check_tp(gpus, out), check_bench(gpus, out)])
+    summary = {"device": name, "gpus": gpus, "torch": torch.__version__, "cuda": torch.version.cuda,
+               "seconds": round(time.monotonic() - t0), "passed": good, "items": RESULTS}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"{'all passed' if good else 'FAILED'} in {summary['seconds']} s; summary {out / 'summary.json'}")
     raise SystemExit(0 if good else 1)
 
 

@@ -47,7 +47,7 @@ def test_configure_turns_on_torchs_recorder_and_never_overrides_an_export(tmp_pa
     assert not any(name in os.environ for name in FR_VARS) and not flight_recorder.recording()
     flight_recorder.configure(100, tmp_path)
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "100" and flight_recorder.recording()
-    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight_recorder" / "watchdog_rank")  # not minddp's rank<r>
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "flight_recorder" / "watchdog_rank")
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert (tmp_path / "flight_recorder").is_dir()  # nccl's watchdog may write there before any dump
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "7")

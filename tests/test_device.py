@@ -96,12 +96,30 @@ def test_no_tool_hard_codes_the_backend_or_the_cpu(path):
 
 
 @pytest.mark.slow
-def test_gpu_check_reports_each_item_without_cuda():
+def test_gpu_check_without_cuda_fails_in_one_line_saying_nothing_was_checked():
     import subprocess
     import sys
 
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py")], capture_output=True,
                        text=True, timeout=120, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # a CPU wheel on a GPU node must not read green
     lines = p.stdout.splitlines()
-    assert len(lines) == 4 and all(line.startswith("SKIP") and "no CUDA device" in line for line in lines)
+    assert len(lines) == 1 and "nothing was checked" in lines[0], lines
+    assert "CPU-only build" in lines[0]  # the reason here: torch==2.13.0 is the CPU wheel
+
+
+def test_gpu_check_worker_runs_the_multi_gpu_checks_only_where_they_mean_something():
+    import importlib.util
+
+    path = ROOT / "scripts" / "gpu_check_worker.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_worker", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    names = lambda mode, world: [n for n, _ in worker.checks(mode, None, world)]  # noqa: E731
+    one, eight, gloo = names("nccl", 1), names("nccl", 8), names("gloo-cuda", 2)
+    for kind in ("ddp", "zero1", "optimizer_overlap", "fp16", "bf16"):
+        assert f"equivalence {kind}" in one and f"equivalence {kind}" in gloo
+    assert {"no host sync ddp", "no host sync zero1", "no host sync optimizer_overlap",
+            "overlap and comm stats", "memory flat 200 steps", "flight recorder nccl"} <= set(one)
+    assert "join" not in one and {"join", "find_unused_parameters"} <= set(eight)
+    assert not any(n.startswith("no host sync") for n in gloo)  # gloo copies through the host

@@ -8,15 +8,13 @@ import sys
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import minddp
-
-from minddp.train import flops
-from hydra import compose, initialize_config_dir
-
 from minddp.errors import ConfigError
+from minddp.train import flops
 from minddp.train.config import register, validate
 from tests import multiproc
 from tests.conftest import ROOT

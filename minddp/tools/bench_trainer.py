@@ -147,7 +147,8 @@ def report(args, trainer, medians, ratios, spent) -> str:
         "",
         "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer`). "
         f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
-        f"global batch 32, micro-batch 8, fp32 eager, {ranks_phrase(trainer.info.world_size, trainer.info.device)}; "
+        "global batch 32, micro-batch 8, fp32 eager, "
+        f"{ranks_phrase(trainer.info.world_size, trainer.info.device)}; "
         f"{args.repeats} repeats of {args.rounds} rotated rounds x {args.steps} steps per loop. Per repeat "
         "the ratio of median steps (each step's time the max over ranks); below, the median and "
         "spread (min-max) of those ratios over the repeats.",
