@@ -42,8 +42,8 @@ sweep: install  ## a Hydra sweep, one process per job, one W&B group (SWEEP='key
 	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-multirun/$$(date +%Y-%m-%d/%H-%M-%S)} \
 	  $(BIN)/python train.py -m $(SWEEP) wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS)
 
-test: install  ## the whole suite (~12 min on 2 cores)
-	$(BIN)/python -m pytest -q
+test: install  ## the whole suite but the soak (make soak-faults runs that)
+	$(BIN)/python -m pytest -q -m "not soak"
 
 # the inner loop (< 2 min): no subprocess, torchrun or build (MINDDP_TEST_FAST=1 refuses them)
 test-fast: install  ## the inner loop (< 2 min): no subprocess, torchrun or build
@@ -106,6 +106,7 @@ gpu-check: install  ## on a CUDA machine (< 10 min): PASS/FAIL/SKIP per item, gp
 # kill -9 during saves, all checkpoints unreadable; each resume must equal an uninterrupted run
 soak-faults: install  ## faults that lose runs on 2-rank jobs (~3 min, root): each resume must be exact
 	$(BIN)/python scripts/soak_faults.py
+	$(BIN)/python -m pytest -q -m soak
 
 lint: install  ## ruff
 	$(BIN)/ruff check minddp tests scripts train.py

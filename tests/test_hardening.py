@@ -90,6 +90,7 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
     import os
 
