@@ -32,7 +32,7 @@ Everything else sits beside the engine behind a small seam, so this file is only
   algorithm (native, ring, tree, ...) is its reducer's;
 - what is recorded (CommStats, host or CUDA-event timing, `trace`, profiler ranges) is the
   observer's (minddp.observer), called at launch, done and wait;
-- uneven inputs are minddp.join's (`self.uneven` inside `join()`);
+- uneven inputs are minddp.join's (`self.uneven` inside `join()`); usage flags minddp.usage's;
 - where every gradient lives is `self.layout` (minddp.buckets.Layout), the public map
   ZeRO-1 (minddp.zero) reads; gradient norms are minddp.gradnorm's.
 
@@ -59,13 +59,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _compat, gradnorm, transfer
+from . import _compat, gradnorm
 from . import ddp_checks as checks
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
 from .collectives import broadcast_coalesced
 from .comm_hooks import BucketReducer, make_reduction
 from .observer import CommStats, observer_for
+from .usage import UsageFlags
 
 
 class DistributedDataParallel(nn.Module):
@@ -112,15 +113,15 @@ class DistributedDataParallel(nn.Module):
         self.world_size = dist.get_world_size(self.process_group)
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
-        self.shard_optimizer = shard_optimizer  # ZeRO-1: see minddp.zero.ShardedOptimizer
+        self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
         # each bucket's parameters stepped once it is reduced: see minddp.zero.OverlappedOptimizer
         self.optimizer_overlap, self.post_reduce = optimizer_overlap, None
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
-        self.overlap, self.reduce_op = overlap, reduce_op
         self._replicate(module)
         reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
         self.reduction = make_reduction(reducer, compress, shard_optimizer, self.params)
         self.observer = observer_for(self.device, overlap)
+        self.usage = UsageFlags(self.names, find_unused_parameters)
         self.layout: Layout | None = None
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
         self._build_layout(list(reversed(range(len(self.params)))))
@@ -131,7 +132,6 @@ class DistributedDataParallel(nn.Module):
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         self.uneven: _join.Join | None = None  # inside join()
         self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
-        self._usage = None  # the last backward's usage flags, on their way to the host
 
     def _replicate(self, module: nn.Module) -> None:
         """The trainable parameters in the engine's indexing; the same model on every rank."""
@@ -166,7 +166,7 @@ class DistributedDataParallel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
-        self._check_last_usage()
+        self.usage.check()  # the last backward's usage flags (minddp.usage)
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         bcast = self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
         src = self.src_rank
@@ -240,12 +240,7 @@ class DistributedDataParallel(nn.Module):
                     view.copy_(p.grad)
                     p.grad = view
         if b == len(self.layout.buckets) - 1:
-            # Usage flags travel in the last bucket's tail, so every rank learns which
-            # parameters some rank left unused, at no extra collective. The flag is
-            # "unused here" (or "used here" with find_unused_parameters): after a
-            # sum or average, nonzero means "on some rank", in any dtype.
-            flags = [r == self.find_unused_parameters for r in self._ready]
-            transfer.copy_into(bucket.buffer[-len(self.params):], flags)  # no host sync
+            self.usage.write(bucket.buffer[-len(self.params):], self._ready)  # minddp.usage
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
         bucket.future = self.observer.launched(b, self.reduction.launch(b))
 
@@ -254,10 +249,8 @@ class DistributedDataParallel(nn.Module):
         self._reduced_since_forward = True
         self._expect_sync = False
         self._reduce_rest_and_wait()
-        if self.find_unused_parameters:
-            self._restore_unused_grads()
-        else:
-            self._usage = self._usage_to_host()
+        self.usage.reduced(self.reduction.usage_flags(len(self.params)), self._ready, self.layout,
+                           self.params)
         if not self.rebuilt:  # after the wait's locals are gone, so the old buffers can go
             self.rebuild(self._ready_order)
 
@@ -280,33 +273,6 @@ class DistributedDataParallel(nn.Module):
             if self.post_reduce is not None:  # e.g. step this bucket's parameters now
                 self.post_reduce(b)
         self.observer.wait_end(wire_bytes)
-
-    def _restore_unused_grads(self) -> None:
-        """find_unused_parameters: .grad as torch DDP leaves it, the averaged view for a parameter
-        used on some rank, untouched (None if it was) for one unused everywhere. It needs the
-        flags now, before the optimizer step: one host sync, as in torch DDP's reducer."""
-        used = [v != 0 for v in transfer.to_host(self.reduction.usage_flags(len(self.params))).tolist()]
-        for bucket in self.layout.buckets:
-            for i, grad_was_none in bucket.unused:
-                if used[i]:
-                    self.params[i].grad = self.layout.views[i]
-                elif grad_was_none:
-                    self.params[i].grad = None
-
-    def _usage_to_host(self):
-        """Start copying the reduced usage flags to the host (read by the next forward)."""
-        tail = self.reduction.usage_flags(len(self.params))
-        if tail is None:  # this rank sees only its shard of the flags (reduce-scatter)
-            return checks.check_used_here(self.names, self._ready)
-        return transfer.to_host(tail), list(self._ready)
-
-    def _check_last_usage(self) -> None:
-        """On every rank (the flags are reduced): a parameter some rank left unused is an error."""
-        if self._usage is not None:
-            (flags, ready), self._usage = self._usage, None
-            unused = [v != 0 for v in flags.tolist()]
-            if any(unused):
-                checks.unused_parameters_error(self.names, unused, ready)
 
     def rebuild(self, ready_order: list[int]) -> None:
         """Once: re-bucket by rank 0's observed gradient-ready order (broadcast: a collective)."""

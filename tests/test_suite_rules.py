@@ -19,3 +19,16 @@ def test_no_test_module_imports_another(path):
         for name in names:
             assert not name.startswith("tests.test_"), \
                 f"{path.name} imports {name}: move the helper to tests/conftest.py or tests/multiproc.py"
+
+
+def test_the_engine_stays_small_enough_to_read():
+    """ddp.py <= 400 lines, its class <= 300, no function of the engine's modules over 60."""
+    engine = ROOT / "minddp" / "ddp.py"
+    assert len(engine.read_text().splitlines()) <= 400
+    tree = ast.parse(engine.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedDataParallel")
+    assert cls.end_lineno - cls.lineno + 1 <= 300
+    for path in sorted((ROOT / "minddp").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 60, f"{path.name}:{node.name}"
