@@ -18,7 +18,8 @@ from tests.conftest import ROOT, SMALL, metrics, run_train
 
 register()
 
-STATE = {"model": {"w": torch.ones(3)}, "optimizer": {}, "scheduler": {}}
+STATE = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {}, "param_groups": [{"params": [0]}]},
+         "scheduler": {"last_epoch": 0}, "rng": [{"cpu": torch.get_rng_state()}]}
 
 
 def _cfg(*overrides):
@@ -327,13 +328,13 @@ def test_a_transient_read_error_stops_every_rank_without_falling_back(tmp_path):
     newest = checkpoint.latest(run)
     data = newest.read_bytes()
     newest.unlink()
-    newest.mkdir()  # reading it fails with an OSError (IsADirectoryError), as an I/O error would
+    newest.symlink_to("/proc/self/mem")  # reading it is a real I/O error (EIO)
     p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=120)
     assert p.returncode != 0 and "exitcode  : 2" not in p.stderr, p.stderr[-3000:]  # not a config error
     assert "[rank 0] minddp: CheckpointReadError: could not read checkpoint" in p.stderr
     assert "[rank 1] minddp: CheckpointReadError: rank 0 could not resume" in p.stderr
     assert "resumed from" not in p.stdout + p.stderr
-    newest.rmdir()
+    newest.unlink()
     newest.write_bytes(data)
     assert [q.name for q in checkpoint.all_checkpoints(run)] == ["ckpt_00000004.pt", "ckpt_00000002.pt"]
 
