@@ -24,15 +24,17 @@ from omegaconf import DictConfig, OmegaConf
 from minddp.dist import env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.train import flight_recorder
 from minddp.train.config import ConfigError, default_run_dir, register, validate
+from minddp.train.guard import DivergedError
 from minddp.train.trainer import Trainer
 
 register()
 _entered_main = False  # False when Hydra fails before main runs: its own config error
+_exit_code = 0  # 130 after a Ctrl-C that stopped the run cleanly (checkpoint saved)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    global _entered_main
+    global _entered_main, _exit_code
     _entered_main = True
     run_dir = HydraConfig.get().runtime.output_dir
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
@@ -44,11 +46,14 @@ def main(cfg: DictConfig) -> None:
         trainer.setup()
         save_hydra_record(as_given, run_dir)
         trainer.fit()
-    except ConfigError as e:  # bad input: a clear message and exit code 2 on every rank
-        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
-        wait_for_peers(f"minddp/config_error/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        _exit_code = trainer.stop.exit_code
+    except (ConfigError, DivergedError) as e:  # a clear message and exit code 2 (3) on every rank
+        config = isinstance(e, ConfigError)
+        print(f"[rank {rank}] minddp: {'configuration error' if config else 'stopped'}: {e}", file=sys.stderr,
+              flush=True)
+        wait_for_peers(f"minddp/{type(e).__name__}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
         shutdown()
-        sys.exit(2)
+        sys.exit(2 if config else 3)
     except BaseException as e:  # everything else: this rank's own report, and the flight recorder
         print(f"[rank {rank}] minddp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         report_flight_recorder(rank, run_dir, e)
@@ -106,7 +111,10 @@ def _planned_run_dir(argv: list[str]) -> str | None:
     given = [a.split("=", 1)[1] for a in argv if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
     if given:
         return None if "${" in given[0] else given[0]
-    return default_run_dir("multirun" if {"-m", "--multirun"} & set(argv) else "outputs")
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    resume = [a.split("=", 1)[1] for a in argv if a.startswith("train.resume=")] or None
+    resume = None if multirun or not resume else resume[-1]
+    return default_run_dir("multirun" if multirun else "outputs", resume)
 
 
 def run() -> None:
@@ -128,7 +136,8 @@ def run() -> None:
                   flush=True)
             sys.exit(2)
         raise
-    exit_worker()
+    exit_worker(_exit_code)
+    sys.exit(_exit_code)
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo
     return DistInfo(rank, local_rank, world_size, dev, backend)
 
 
-def exit_worker() -> None:
+def exit_worker(code: int = 0) -> None:
     """A torchrun worker whose run finished (everything saved, the process group destroyed)
     leaves without the interpreter's teardown. There, with torch's flight recorder on, C++
     static destructors occasionally abort ("terminate called without an active exception",
@@ -144,7 +144,7 @@ def exit_worker() -> None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 def shutdown() -> None:

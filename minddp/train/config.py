@@ -87,7 +87,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
-    resume: str = "none"  # none | auto | <path to a checkpoint>
+    resume: str = "none"  # none | auto | <run dir> (continues it there) | <path to a checkpoint>
     resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
     peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table, or measured on CPU
@@ -100,6 +100,7 @@ class TrainConfig:
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
     flight_recorder: int = 2000  # torch flight recorder: last N collectives per rank, dumped on error
     on_nonfinite: str = "skip"  # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
+    max_skipped_steps: int = 10  # this many skipped steps in a row stop the run (exit 3); 0: no limit
     check_every: int = 0  # every N steps compare a parameter hash across dp ranks (0: off)
     # fault injection, to rehearse the non-finite path: this rank's loss becomes NaN at this step
     fault_nan_step: Optional[int] = None
@@ -172,16 +173,21 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("minddp.run_dir", default_run_dir)
 
 
-def default_run_dir(prefix: str = "outputs") -> str:
+def default_run_dir(prefix: str = "outputs", resume: str | None = None) -> str:
     """One directory per job, the same on every rank.
 
     Each rank resolves `${now:}` itself, so timestamps can differ by a second
-    between ranks; instead: MINDDP_RUN_DIR if set, else torchrun's run id (equal
-    on all ranks; it is --rdzv_id, e.g. the Slurm job id, on multi-node), else a
+    between ranks; instead: MINDDP_RUN_DIR if set, else the run dir that
+    `train.resume=<folder>` names (the run continues there), else torchrun's run id
+    (equal on all ranks; it is --rdzv_id, e.g. the Slurm job id, on multi-node), else a
     timestamp (one process, nothing to agree with).
     """
+    from .checkpoint import resume_run_dir
+
     if os.environ.get("MINDDP_RUN_DIR"):
         return os.environ["MINDDP_RUN_DIR"]
+    if resume and (folder := resume_run_dir(str(resume))) is not None:
+        return str(folder)
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         return f"{prefix}/run-{os.environ['TORCHELASTIC_RUN_ID']}"
     # the process start time, not "now": Hydra resolves the sweep dir again for every job
@@ -333,8 +339,9 @@ def _setting_problems(cfg):
         yield f"optim.beta1 and optim.beta2 must be in [0, 1), got {o.beta1}, {o.beta2}"
     if t.log_every < 1:
         yield f"train.log_every must be >= 1, got {t.log_every}"
-    if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder) < 0:
-        yield "train.eval_every, train.ckpt_every, train.check_every and train.flight_recorder must be >= 0"
+    if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder, t.max_skipped_steps) < 0:
+        yield ("train.eval_every, train.ckpt_every, train.check_every, train.flight_recorder and "
+               "train.max_skipped_steps must be >= 0")
     if not (t.timeout_s > 0 and t.init_timeout_s > 0):
         yield "train.timeout_s and train.init_timeout_s must be > 0"
     if not t.fault_sleep_s >= 0:

@@ -1,4 +1,5 @@
-"""Graceful stop on SIGTERM (Slurm time limit, preemption, torchrun shutting down).
+"""Graceful stop on SIGTERM (Slurm time limit, preemption, torchrun shutting down), SIGUSR1
+(Slurm's warning before the time limit) and SIGINT (Ctrl-C: the run keeps what it did; exit 130).
 
 The handler only records the signal. The training loop folds the flag into the
 per-step loss all-reduce, so every rank sees "someone was asked to stop" at the
@@ -12,7 +13,7 @@ import signal
 
 
 class StopRequest:
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1), on_signal=None):
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT), on_signal=None):
         self.signum: int | None = None
         self.on_signal = on_signal  # e.g. dump the flight recorder
         for s in signals:
@@ -28,6 +29,11 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        """A shell's code for Ctrl-C (128 + SIGINT); 0 for a requested stop (SIGTERM, SIGUSR1)."""
+        return 128 + signal.SIGINT if self.signum == signal.SIGINT else 0
 
     @property
     def name(self) -> str:
