@@ -345,3 +345,99 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
     assert info["data"]["dtype"] == "uint16"
     assert ("data llm.c shards v1 (GPT-2) uint16, 2 train + 1 val files, 800 train / 400 val tokens, "
             "vocabulary 50257 (llm.c header version 1 (GPT-2))") in startup, startup
+
+
+# ------------------------------------------ data fingerprints and rank agreement (issue 28)
+def test_the_fingerprint_follows_the_bytes_not_the_folder(tmp_path):
+    from minddp.train import integrity
+
+    a = load(nanogpt(tmp_path / "a"))[2].fingerprint
+    assert a and load(nanogpt(tmp_path / "b"))[2].fingerprint == a  # same files elsewhere: same data
+    ids = np.fromfile(tmp_path / "b" / "train.bin", dtype=np.uint16)
+    ids[200] = (ids[200] + 1) % 50  # one token, same size
+    ids.tofile(tmp_path / "b" / "train.bin")
+    assert load(tmp_path / "b")[2].fingerprint != a
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(9 << 20))
+    before = integrity.fingerprint([big])
+    with open(big, "r+b") as f:
+        f.seek(len(f.read()) - 10)
+        f.write(b"x")
+    assert integrity.fingerprint([big]) != before  # the tail of a big file is sampled
+
+
+def test_resume_on_changed_data_is_refused_unless_forced():
+    from minddp.train import resume_check
+
+    saved, now = {"fingerprint": "aaaa", "dir": "/d"}, {"fingerprint": "bbbb", "dir": "/d"}
+    with pytest.raises(ConfigError, match=r"other data than it was trained on: data fingerprint aaaa -> bbbb "
+                                          r"\(files of /d\).*train.resume_force=true"):
+        resume_check.check_data(saved, now, False, "ckpt_4.pt")
+    assert resume_check.check_data(saved, now, True, "ckpt_4.pt") == [
+        "changed on resume (train.resume_force=true): data fingerprint aaaa -> bbbb (files of /d)"]
+    assert resume_check.check_data(None, now, False, "old.pt") == []  # older checkpoints: not compared
+
+
+def _load_agreed(rank, world_size, folders):
+    return data.load_data_agreed(Cfg(folders[rank]), 16)[2].fingerprint
+
+
+def test_one_ranks_broken_file_is_the_same_error_on_every_rank_at_once(tmp_path):
+    from tests import multiproc
+
+    good, bad = nanogpt(tmp_path / "good"), nanogpt(tmp_path / "bad")
+    (bad / "train.bin").write_bytes(b"")
+    t0 = __import__("time").monotonic()
+    errors = multiproc.run_expect_errors(_load_agreed, 2, [good, bad], timeout=60)
+    assert __import__("time").monotonic() - t0 < 20
+    want = f"ConfigError: on rank 1 (1 of 2 ranks failed): {bad}/train.bin is empty"
+    assert all(want in errors[r] for r in (0, 1)), errors
+
+
+def test_ranks_reading_different_files_is_an_error_on_every_rank(tmp_path):
+    from tests import multiproc
+
+    a, b = nanogpt(tmp_path / "a"), nanogpt(tmp_path / "b", n_train=500)
+    errors = multiproc.run_expect_errors(_load_agreed, 2, [a, b], timeout=60)
+    for r in (0, 1):
+        assert "ConfigError: the ranks read different data (fingerprints rank 0: " in errors[r], errors[r]
+        assert f"from {a}; rank 1: " in errors[r] and f"from {b})" in errors[r]
+    assert len(set(multiproc.run(_load_agreed, 2, [a, a], timeout=60))) == 1
+
+
+@pytest.mark.slow
+def test_a_bad_file_on_one_rank_exits_2_on_every_rank_within_seconds(tmp_path):
+    nanogpt(tmp_path / "d0")
+    (nanogpt(tmp_path / "d1") / "train.bin").write_bytes(b"\0" * 7)  # odd size: not uint16 tokens
+    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2",
+           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"),
+           *TOK, "data=tokens", f"data.dir={tmp_path}/d${{oc.env:RANK}}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run")}
+    t0 = __import__("time").monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    took, out = __import__("time").monotonic() - t0, p.stdout + p.stderr
+    lines = sorted(x.split("] ", 1)[1] for x in out.splitlines() if "minddp: configuration error:" in x)
+    assert len(lines) == 2 and lines[0] == lines[1] and "on rank 1" in lines[0], out[-3000:]
+    assert "exitcode  : 1" not in out and "remote worker" not in out.lower(), out[-3000:]
+    assert took < 25, took  # gloo's "remote worker crashing" took ~30 s before
+
+
+@pytest.mark.slow
+def test_resume_on_data_changed_under_the_same_folder_is_refused(tmp_path):
+    from tests.conftest import run_train
+
+    d = nanogpt(tmp_path / "d", n_train=4000)
+    args = [*TOK, "data=tokens", f"data.dir={d}", "train.max_steps=4", "train.ckpt_every=2"]
+    run_train(tmp_path / "run", *args, "train.stop_at_step=2")
+    ids = np.fromfile(d / "train.bin", dtype=np.uint16)
+    (ids[::-1]).tofile(d / "train.bin")  # other content, same size and name
+    p = run_train(tmp_path / "run", *args, "train.resume=auto", check=False, timeout=120)
+    assert p.returncode == 2 and "other data than it was trained on: data fingerprint" in p.stderr, p.stderr
+    p = run_train(tmp_path / "run", *args, "train.resume=auto", "train.resume_force=true", timeout=120)
+    assert "changed on resume (train.resume_force=true): data fingerprint" in p.stdout + p.stderr
+
+
+def test_a_file_of_an_odd_size_shorter_than_a_header_is_named(tmp_path):
+    (nanogpt(tmp_path / "d") / "train.bin").write_bytes(b"\0" * 7)
+    with pytest.raises(ConfigError, match=r"train.bin: 7 bytes is not a whole number of uint16 tokens"):
+        load(tmp_path / "d")

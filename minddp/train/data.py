@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from ..errors import ConfigError
-from . import tokens
+from . import agree, integrity, tokens
 from .atomic import atomic_write
 
 
@@ -143,6 +143,7 @@ class DataInfo:
     files: dict = field(default_factory=dict)  # split -> number of files
     tokens: dict = field(default_factory=dict)  # split -> number of tokens
     dtype: str | None = None  # of the token ids on disk
+    fingerprint: str | None = None  # of the files read (integrity.fingerprint); None: synthetic
 
     def summary(self) -> str:
         parts = [self.format + (f" {self.dtype}" if self.dtype else "")]
@@ -168,7 +169,8 @@ def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
     info = DataInfo(_FORMATS[folder.kinds[0]], folder.vocab_size, folder.vocab_source, str(folder.dir),
                     {s: len(v) for s, v in folder.splits.items()},
                     {s: sum(len(sh.tokens) for sh in v) for s, v in folder.splits.items()},
-                    str(folder.splits["train"][0].tokens.dtype))
+                    str(folder.splits["train"][0].tokens.dtype),
+                    integrity.fingerprint([sh.path for v in folder.splits.values() for sh in v]))
     return sets["train"], sets["val"], info
 
 
@@ -187,7 +189,8 @@ def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Datas
                               "model.block_size")
     info = DataInfo("bytes corpus", vocab_size or tokens.BYTE_VOCAB,
                     "model.vocab_size" if vocab_size else "bytes", data_cfg.path,
-                    tokens={k: len(v) for k, v in parts.items()}, dtype="uint8")
+                    tokens={k: len(v) for k, v in parts.items()}, dtype="uint8",
+                    fingerprint=integrity.fingerprint([ids.filename]))
     return TokenWindows(parts["train"], block_size), TokenWindows(parts["val"], block_size), info
 
 
@@ -206,6 +209,24 @@ def load_data(data_cfg, block_size: int, vocab_size: int | None = None) -> tuple
         val = ArithmeticSequences(data_cfg.num_val, block_size, data_cfg.modulus, offset=10**9)
         return train, val, DataInfo("synthetic", vocab, "model.vocab_size" if vocab_size else "default")
     raise ValueError(f"unknown data set {data_cfg.name!r}: use data=tokens, data=text or data=synthetic")
+
+
+def load_data_agreed(data_cfg, block_size: int, vocab_size: int | None = None):
+    """`load_data` on every rank, then one collective before any other: a rank whose files are
+    broken, or differ from rank 0's (another fingerprint), is the same one-line error on every
+    rank, at once, instead of one rank exiting while the others wait for it."""
+    result, error = None, None
+    try:
+        result = load_data(data_cfg, block_size, vocab_size)
+    except Exception as e:  # noqa: BLE001 - raised on every rank by agree.together
+        error = e
+    info = result[2] if result else None
+    seen = agree.together(error, info and (info.fingerprint, info.dir or data_cfg.get("path")))
+    if len({fp for fp, _ in seen}) > 1:
+        ranks = "; ".join(f"rank {r}: {fp} from {where}" for r, (fp, where) in enumerate(seen))
+        raise ConfigError(f"the ranks read different data (fingerprints {ranks}): every rank must read "
+                          "the same files; give every node the same data.dir/data.path contents")
+    return result
 
 
 def record_in_config(cfg, info: DataInfo) -> None:

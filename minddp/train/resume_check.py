@@ -67,3 +67,18 @@ def check(saved: dict | None, current: dict, force: bool, path) -> list[str]:
             "directory, or set train.resume_force=true to resume anyway")
     return ([f"changed on resume (train.resume_force=true): {line}" for line in refused]
             + [f"changed on resume, applied: {line}" for line in applied])
+
+
+def check_data(saved: dict | None, current: dict, force: bool, path) -> list[str]:
+    """The data's fingerprint (integrity.fingerprint) against the checkpoint's: other bytes
+    under the same data.dir/data.path are refused unless force; returns the lines to report."""
+    old = (saved or {}).get("fingerprint") if isinstance(saved, dict) else None
+    new = current.get("fingerprint")
+    if old is None or new is None or old == new:
+        return []
+    line = f"data fingerprint {old} -> {new} (files of {current.get('dir') or 'the data'})"
+    if not force:
+        raise ConfigError(f"resuming from {path} on other data than it was trained on: {line}. The files "
+                          "changed since the checkpoint: restore them, start a new run directory, or set "
+                          "train.resume_force=true to resume anyway")
+    return [f"changed on resume (train.resume_force=true): {line}"]

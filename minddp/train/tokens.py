@@ -112,8 +112,11 @@ def _check_file(path: Path) -> int:
 def read_header(path) -> np.ndarray | None:
     """llm.c's 256 int32 header if the file starts with its magic number, else None."""
     with open(path, "rb") as f:
-        head = np.frombuffer(f.read(LLMC_HEADER_INTS * 4), dtype=np.int32)
-    return head if len(head) == LLMC_HEADER_INTS and head[0] == LLMC_MAGIC else None
+        raw = f.read(LLMC_HEADER_INTS * 4)
+    if len(raw) < LLMC_HEADER_INTS * 4:  # shorter than a header (an odd size too): no header
+        return None
+    head = np.frombuffer(raw, dtype=np.int32)
+    return head if head[0] == LLMC_MAGIC else None
 
 
 def _llmc_header(path: Path, size: int) -> np.ndarray:
