@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..train.atomic import fsync_dir
+from ..train.atomic import fsync_dir, umask
 from ..train.data import corpus_files
 
 BYTES_TOKENIZER = {"type": "bytes", "vocab_size": 256}  # minddp's marker: ids are the raw bytes
@@ -306,6 +306,7 @@ def prepare(input_path, out, tokenizer: str = "bytes", vocab_size: int | None = 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=_temp_prefix(out, "prepare")))
+    tmp.chmod(0o777 & ~umask())  # mkdtemp's 0700 would become the output folder's mode
     try:
         info = write_outputs(tmp, files, cut, total, tokenizer, vocab_size)
         install(tmp, out)

@@ -2,7 +2,9 @@
 
 A crash leaves the old file or the new one, never half of one. The temporary file is
 `.<name>.<random>.tmp` in the same folder (a rename is only atomic within a file system);
-whatever a crash leaves of it is removed on the error path, or by `remove_orphans`.
+whatever a crash leaves of it is removed on the error path, or by `remove_orphans`. The file
+gets the mode an `open()` would give it (0o666 less the umask; an existing target keeps its
+own), not mkstemp's 0600.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def atomic_open(path, mode: str = "wb"):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _mode_of(path))
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -29,6 +32,24 @@ def atomic_open(path, mode: str = "wb"):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        old = os.umask(0o022)
+        os.umask(old)
+        return old
+
+
+def _mode_of(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~umask()
 
 
 def atomic_write(path, data: bytes | str) -> Path:
