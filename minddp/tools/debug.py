@@ -17,14 +17,50 @@ from ..train import safe_pickle
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
 
+class DumpError(ValueError):
+    """A dump that is not torch's flight-recorder format (torn, truncated, another file)."""
+
+
+_ENTRY_KEYS = ("profiling_name", "input_dtypes", "input_sizes", "collective_seq_id", "process_group",
+               "is_p2p")
+
+
+def _read(p: Path, reader):
+    try:
+        return reader(p)
+    except Exception as e:  # noqa: BLE001 - any failure to parse is this file's fault
+        raise DumpError(f"{p}: not a readable dump ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _entry_ok(e) -> bool:
+    return (isinstance(e, dict) and all(k in e for k in _ENTRY_KEYS)
+            and isinstance(e["process_group"], (list, tuple)) and isinstance(e["collective_seq_id"], int))
+
+
+def _check_dump(p: Path, d) -> dict:
+    entries = d.get("entries") if isinstance(d, dict) else None
+    if not isinstance(entries, list) or not all(_entry_ok(e) for e in entries):
+        raise DumpError(f"{p}: not torch's flight-recorder format (needs 'entries', each with "
+                        f"{', '.join(_ENTRY_KEYS)})")
+    return d
+
+
+def _context_ok(c) -> bool:
+    return (isinstance(c, dict) and isinstance(c.get("rank"), int) and isinstance(c.get("world_size", 0), int)
+            and isinstance(c.get("groups", {}), dict))
+
+
 def load_dumps(run_dir) -> tuple[dict[int, dict], dict[int, dict]]:
-    """({rank: torch's dump}, {rank: minddp's context}) from a run directory."""
+    """({rank: torch's dump}, {rank: minddp's context}) from a run directory; DumpError names a
+    file that is not one."""
     dumps, contexts = {}, {}
     for p in sorted((Path(run_dir) / "flight_recorder").glob("rank*")):
         if p.name[4:].isdigit():
-            dumps[int(p.name[4:])] = safe_pickle.load(p)
+            dumps[int(p.name[4:])] = _check_dump(p, _read(p, safe_pickle.load))
     for p in sorted((Path(run_dir) / "flight_recorder_context").glob("rank*.json")):
-        c = json.loads(p.read_text())
+        c = _read(p, lambda q: json.loads(q.read_text()))
+        if not _context_ok(c):
+            raise DumpError(f"{p}: not minddp's context file (needs an integer 'rank' and 'world_size')")
         contexts[c["rank"]] = c
     return dumps, contexts
 
@@ -42,7 +78,7 @@ def _members(pg: str, dumps, contexts) -> list[int]:
         if pg in c.get("groups", {}):
             return c["groups"][pg]
     if pg == "0":  # the default group: every rank
-        world = max([c["world_size"] for c in contexts.values()] + [max(dumps) + 1])
+        world = max([c.get("world_size", 0) for c in contexts.values()] + [max(dumps) + 1])
         return list(range(world))
     return sorted(r for r, d in dumps.items() if any(e["process_group"][0] == pg for e in d["entries"]))
 
@@ -54,7 +90,8 @@ def analyze(run_dir) -> str:
         return f"no flight recorder dumps under {run_dir}/flight_recorder"
     lines = [f"flight recorder dumps from ranks {sorted(dumps)}"]
     for r, c in sorted(contexts.items()):
-        lines.append(f"  rank {r}: dumped at step {c.get('step')} ({c.get('phase')}): {c['reason'][:200]}")
+        reason = str(c.get("reason"))[:200]
+        lines.append(f"  rank {r}: dumped at step {c.get('step')} ({c.get('phase')}): {reason}")
     pgs = sorted({e["process_group"][0] for d in dumps.values() for e in d["entries"] if not e["is_p2p"]})
     for pg in pgs:
         lines += _analyze_group(pg, _members(pg, dumps, contexts), dumps)
@@ -96,7 +133,15 @@ def main(argv=None) -> None:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print("usage: minddp debug <run dir>\n\n" + __doc__)
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    print(analyze(argv[0]))
+    if not Path(argv[0]).is_dir():
+        print(f"minddp debug: {argv[0]} is not a folder: give the run dir (it holds flight_recorder/)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        print(analyze(argv[0]))
+    except DumpError as e:
+        print(f"minddp debug: {e}. Move it away (or re-run for a fresh dump) and try again", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
