@@ -9,9 +9,16 @@
    temporary file is being written, at steps 4, 7 and 10; each restart removes the orphan and resumes;
    the end equals the uninterrupted run, bitwise.
 3. all checkpoints unreadable: exit code 2 on every rank, each file named, none of them touched.
+4. a corrupt newest checkpoint, of each kind (truncated, random bytes, a nested key missing, a
+   tensor of the wrong shape, a flipped bit, a dangling symlink, a folder): the resume names it,
+   falls back to the previous one and ends bitwise equal to the uninterrupted run.
+5. `checkpoints/` a dangling symlink (an unmounted disk): exit 2 on every rank naming the link,
+   metrics.jsonl untouched; the link fixed, the resume is exact.
+6. Ctrl-C (SIGINT) to the workers: the step finishes, a checkpoint is saved, exit 130; the
+   printed command resumes it to the same end, bitwise.
 
 Needs root for `mount -t tmpfs` (phase 1 is skipped, saying so, where mount is not permitted).
-Usage: python scripts/soak_faults.py [--phases disk_full,kill9,unreadable]
+Usage: python scripts/soak_faults.py [--phases disk_full,kill9,unreadable,corrupt,dangling,sigint]
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tests.conftest import BIN, env_for, metrics, run_train  # noqa: E402
+from minddp.train import checkpoint  # noqa: E402
+from tests.conftest import BIN, env_for, metrics, run_train, wait_for_step  # noqa: E402
 from tests.multiproc import free_port  # noqa: E402
+from tests.test_resume_edges import corrupt  # noqa: E402
 
 # ~1.8M parameters: a checkpoint of ~22 MB, whose write takes long enough to be killed in
 ARGS = ["data=synthetic", "model.n_layer=4", "model.n_embd=192", "model.n_head=4", "model.block_size=32",
@@ -199,9 +208,77 @@ def unreadable(run: Path) -> None:
     say(f"all {len(paths)} checkpoints unreadable: exit 2 on both ranks, each named, none touched")
 
 
+# ------------------------------------------- 4-6. corrupt newest, dangling link, SIGINT
+CORRUPT = ["truncated:15000", "random:0", "rng", "scheduler.last_epoch", "optimizer.param_groups",
+           "wrong shape", "flipped bit", "dangling symlink", "folder"]
+
+
+def stopped_at(work: Path, name: str, step: int) -> Path:
+    """A run stopped after `step`, holding only its last two checkpoints (the soak's disk)."""
+    run = work / name
+    run_train(run, *ARGS, f"train.stop_at_step={step}", nproc=2, timeout=300)
+    for p in checkpoint.all_checkpoints(run)[2:]:
+        p.unlink()
+    return run
+
+
+def corrupt_newest(work: Path, ref: dict) -> None:
+    base = stopped_at(work, "corrupt-base", 6)
+    for kind in CORRUPT:
+        run = work / f"corrupt-{kind.split(':')[0].replace('.', '-')}"
+        shutil.copytree(base, run, symlinks=True)
+        corrupt(run / "checkpoints" / "ckpt_00000006.pt", kind)
+        p = run_train(run, *ARGS, "train.resume=auto", nproc=2, timeout=300)
+        out = p.stdout + p.stderr
+        assert "trying the previous checkpoint" in out and "ckpt_00000005.pt at step 5" in out, out[-3000:]
+        assert_same_params(run, ref)
+        shutil.rmtree(run)
+        say(f"newest checkpoint corrupt ({kind}): named, resumed from step 5, final parameters equal")
+
+
+def dangling(work: Path, ref: dict) -> None:
+    run = stopped_at(work, "dangling", 6)
+    (run / "checkpoints").rename(work / "ckpts-moved")
+    (run / "checkpoints").symlink_to(work / "unmounted")
+    before = (run / "metrics.jsonl").read_bytes()
+    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=300)
+    assert p.returncode != 0 and "exitcode  : 2" in p.stderr, p.stderr[-3000:]
+    assert "exitcode  : 1" not in p.stderr, p.stderr[-3000:]
+    lines = [x for x in p.stderr.splitlines() if "minddp: configuration error:" in x]
+    for rank in (0, 1):  # rank 1: "rank 0 could not resume: CheckpointError: <the same>"
+        named = f"{run}/checkpoints is a symlink"
+        assert any(x.startswith(f"[rank {rank}]") and named in x for x in lines), lines
+    assert (run / "metrics.jsonl").read_bytes() == before
+    (run / "checkpoints").unlink()
+    (work / "ckpts-moved").rename(run / "checkpoints")
+    run_train(run, *ARGS, "train.resume=auto", nproc=2, timeout=300)
+    assert_same_params(run, ref)
+    say("checkpoints/ a dangling link: exit 2 on both ranks naming it, metrics kept; fixed, resumed exact")
+
+
+def sigint(work: Path, ref: dict) -> None:
+    """Ctrl-C reaching the workers (a terminal's SIGINT to the whole job): each finishes the step,
+    saves, exits 130; the printed command continues the run."""
+    run, log = work / "sigint", work / "sigint.log"
+    job = start_job(run, log)
+    wait_for_step(run, 4, 240)
+    for pid in descendants(job.pid):
+        os.kill(pid, signal.SIGINT)
+    job.wait(timeout=240)
+    out = log.read_text()
+    assert "stopping after step" in out and "exitcode  : 130" in out, out[-3000:]
+    command = out.split("resume with:\n", 1)[1].splitlines()[0].split()
+    assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=2"], command
+    assert command[-1] == f"train.resume={run}", command
+    run_train(None, *command[4:], nproc=2, timeout=300)  # the printed overrides, as printed
+    assert_same_params(run, ref)
+    say("Ctrl-C: step finished, checkpoint saved, exit 130 on both ranks; the printed command resumed "
+        "it exactly")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", default="disk_full,kill9,unreadable")
+    ap.add_argument("--phases", default="disk_full,kill9,unreadable,corrupt,dangling,sigint")
     args = ap.parse_args(argv)
     phases = args.phases.split(",")
     t0 = time.monotonic()
@@ -217,6 +294,9 @@ def main(argv=None) -> None:
             run = kill9(work, ref, 3 if "kill9" in phases else 0)
             if "unreadable" in phases:
                 unreadable(run)
+        for name, phase in (("corrupt", corrupt_newest), ("dangling", dangling), ("sigint", sigint)):
+            if name in phases:
+                phase(work, ref)
     say(f"all passed in {time.monotonic() - t0:.0f} s")
 
 

@@ -1,0 +1,364 @@
+"""Resume that never surprises (issue 28): a run dir resumed by name, corrupt newest
+checkpoints of every kind falling back, a dangling checkpoints link, a bound on skipped
+steps, checksums, file modes, Ctrl-C, and `minddp debug` on malformed dumps."""
+
+import errno
+import json
+import logging
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from minddp.errors import ConfigError
+from minddp.train import atomic, checkpoint, integrity, resume
+from minddp.train.config import default_run_dir, register
+from minddp.train.trainer import build_model, build_optimizer
+from tests.conftest import ROOT, SMALL, env_for, metrics, run_train, wait_for_step
+
+register()
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*SMALL, *overrides])
+    cfg.model.vocab_size = 256  # what record_in_config writes before any checkpoint is read
+    return cfg
+
+
+def _state(cfg, step: int) -> dict:
+    """What the trainer saves: a real model, an AdamW that has stepped, RNG, config."""
+    torch.manual_seed(step)
+    model = build_model(cfg.model, 256)
+    opt = build_optimizer(model, cfg.optim, torch.device("cpu"))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": {"last_epoch": step},
+            "step": step, "rng": [{"cpu": torch.get_rng_state()}], "config": OmegaConf.to_container(cfg)}
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return _cfg()
+
+
+@pytest.fixture
+def run(tmp_path, cfg):
+    """A run dir with checkpoints at steps 2, 4, 6 (newest last)."""
+    paths = [checkpoint.save(tmp_path, s, _state(cfg, s)) for s in (2, 4, 6)]
+    return tmp_path, paths
+
+
+def _accept(cfg):
+    return resume.shape_check(cfg.model, build_model, 256)
+
+
+# --------------------------------------------- 1. train.resume=<run dir>, one command
+def test_resume_names_a_run_dir_or_its_checkpoints_folder(run, monkeypatch):
+    run_dir, paths = run
+    monkeypatch.delenv("MINDDP_RUN_DIR", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    for given in (run_dir, run_dir / "checkpoints"):
+        assert checkpoint.resume_run_dir(str(given)) == run_dir
+        assert default_run_dir("outputs", str(given)) == str(run_dir)  # Hydra's run dir: that run's
+        path, state = checkpoint.resolve(run_dir, str(given), "cpu")
+        assert path == paths[-1] and state["step"] == 6
+    assert default_run_dir("outputs", "auto").startswith("outputs/")
+    assert checkpoint.resume_run_dir(str(paths[0])) is None  # a file: resumed from, in a new run dir
+
+
+def test_resume_of_another_run_dir_than_this_runs_is_refused(run, tmp_path_factory):
+    run_dir, _ = run
+    other = tmp_path_factory.mktemp("other")
+    with pytest.raises(ConfigError, match=rf"train.resume={run_dir} continues the run dir {run_dir}, but "
+                                          rf"this run writes to {other}"):
+        checkpoint.resolve(other, str(run_dir), "cpu")
+
+
+def test_resume_of_a_folder_without_checkpoints_says_so(tmp_path, caplog):
+    with pytest.raises(ConfigError, match=r"no checkpoint in .*checkpoints: nothing to resume"):
+        checkpoint.resolve(tmp_path, str(tmp_path), "cpu")
+    with caplog.at_level(logging.INFO, logger="minddp"):
+        assert checkpoint.resolve(tmp_path, "auto", "cpu") == (None, None)
+    assert f"no checkpoint in {tmp_path / 'checkpoints'}: starting fresh" in caplog.text
+
+
+def test_the_resume_command_keeps_the_overrides_and_the_launcher():
+    argv = ["train.py", "model=mlp", "train.stop_at_step=3", "train.resume=auto", "train.fault_nan_step=2",
+            "data.dir=/a b"]
+    want = "python train.py model=mlp 'data.dir=/a b' train.resume=/r"
+    assert resume.resume_command("/r", argv, {}) == want
+    env = {"TORCHELASTIC_RUN_ID": "x", "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert resume.resume_command("/r", argv[:2], env) == (
+        "torchrun --standalone --nproc_per_node=4 train.py model=mlp train.resume=/r")
+    env["GROUP_WORLD_SIZE"] = "2"
+    assert resume.resume_command("/r", argv[:2], env).startswith("your launch command (on every node) with: ")
+
+
+# ------------------------------------------ 2. a corrupt newest checkpoint falls back
+def corrupt(path, kind):
+    """Damage checkpoint `path` in one of KINDS' ways (also make soak-faults' corrupt phase)."""
+    data = path.read_bytes()
+    if kind.startswith("truncated"):
+        path.write_bytes(data[: int(kind.split(":")[1])])
+    elif kind.startswith("random"):
+        path.write_bytes(random.Random(int(kind.split(":")[1])).randbytes(20_000))
+    elif kind == "dangling symlink":
+        path.unlink()
+        path.symlink_to(path.parent / "gone.pt")
+    elif kind == "folder":
+        path.unlink()
+        path.mkdir()
+    elif kind == "flipped bit":
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0x04
+        path.write_bytes(bytes(flipped))
+    else:  # a nested key missing, or a tensor of another shape: saved with valid checksums
+        state = torch.load(path, weights_only=True)
+        state.pop(integrity.KEY)
+        if kind == "wrong shape":
+            state["model"][next(iter(state["model"]))] = torch.zeros(3, 3)
+        elif kind == "wrong optimizer shape":
+            state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(2)
+        else:
+            outer, _, inner = kind.partition(".")
+            (state[outer] if inner else state).pop(inner or outer)
+        checkpoint.save(path.parent.parent, state["step"], state)
+
+
+KINDS = ["truncated:15000", "truncated:2000", "truncated:100", "random:0", "random:1", "random:2",
+         "rng", "scheduler.last_epoch", "optimizer.param_groups", "optimizer.state", "model",
+         "wrong shape", "wrong optimizer shape", "dangling symlink", "folder", "flipped bit"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_corrupt_newest_checkpoint_of_each_kind_falls_back(run, cfg, kind, caplog):
+    run_dir, paths = run
+    corrupt(paths[-1], kind)
+    with caplog.at_level(logging.WARNING, logger="minddp"):
+        path, state = checkpoint.resolve(run_dir, "auto", "cpu", _accept(cfg))
+    assert path == paths[1] and state["step"] == 4, kind
+    assert f"{paths[-1]}" in caplog.text and "trying the previous checkpoint" in caplog.text
+    checkpoint.save(run_dir, 6, _state(cfg, 6))  # the run then saves step 6 again, whatever was there
+    assert checkpoint.resolve(run_dir, "auto", "cpu", _accept(cfg))[0] == paths[-1]
+
+
+def test_a_changed_model_config_is_left_to_the_config_diff_not_called_corrupt(run):
+    run_dir, paths = run
+    path, _ = checkpoint.resolve(run_dir, "auto", "cpu", _accept(_cfg("model.n_embd=32")))
+    assert path == paths[-1]  # accepted here; resume_check then refuses it naming model.n_embd
+
+
+def test_a_real_io_error_still_stops_without_falling_back(run):
+    run_dir, paths = run
+    paths[-1].unlink()
+    paths[-1].symlink_to("/proc/self/mem")  # reading it is a real EIO
+    with pytest.raises(checkpoint.CheckpointReadError, match="Input/output error"):
+        checkpoint.resolve(run_dir, "auto", "cpu")
+
+
+def test_einval_from_a_file_that_cannot_be_read_is_transient(tmp_path, monkeypatch):
+    e = OSError(errno.EINVAL, "Invalid argument")
+    assert not checkpoint.is_transient(e, __file__)  # the file reads fine: torch's parse failed
+    assert checkpoint.is_transient(e, tmp_path / "missing.pt")
+    assert checkpoint.is_transient(OSError(errno.EACCES, "Permission denied"), __file__)
+
+
+# -------------------------------------------------- 3. a dangling checkpoints link
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_a_dangling_checkpoints_link_is_refused_naming_it(tmp_path, mode):
+    (tmp_path / "checkpoints").symlink_to(tmp_path / "unmounted" / "ckpts")
+    with pytest.raises(ConfigError, match=rf"{tmp_path}/checkpoints is a symlink to .*unmounted/ckpts, which "
+                                          "does not exist"):
+        checkpoint.resolve(tmp_path, mode, "cpu")
+
+
+# ------------------------------------------------------------- 5. checksums
+def test_every_bit_flip_is_detected_or_changes_nothing_loaded(tmp_path, cfg):
+    path = checkpoint.save(tmp_path, 2, _state(cfg, 2))
+    data = path.read_bytes()
+    want = checkpoint.load(path, "cpu")
+    silent, detected = [], 0
+    for k in range(0, len(data) * 8, len(data) * 8 // 97):
+        flipped = bytearray(data)
+        flipped[k // 8] ^= 1 << (k % 8)
+        path.write_bytes(bytes(flipped))
+        try:
+            got = checkpoint.load(path, "cpu")
+        except checkpoint.CheckpointError:
+            detected += 1
+            continue
+        if integrity.checksums(got) != integrity.checksums(want):
+            silent.append(k)
+    assert not silent, f"bit flips at {silent} loaded silently different data"
+    assert detected > 80
+
+
+def test_a_flipped_bit_in_a_tensor_is_named(tmp_path):
+    state = {"model": {"w": torch.ones(1000)}, "optimizer": {"state": {}, "param_groups": []},
+             "scheduler": {"last_epoch": 0}, "step": 1, "rng": [torch.get_rng_state()]}
+    path = checkpoint.save(tmp_path, 1, state)
+    data = bytearray(path.read_bytes())
+    at = data.find(torch.ones(1000).numpy().tobytes())
+    data[at + 2001] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=r"checksum mismatch at /'model'/'w'"):
+        checkpoint.load(path, "cpu")
+
+
+# ------------------------------------------------------------------ 8. file modes
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_follow_the_umask(tmp_path, mask, mode):
+    old = os.umask(mask)
+    try:
+        ckpt = checkpoint.save(tmp_path, 1, {"step": 1})
+        written = atomic.atomic_write(tmp_path / "run.json", "{}")
+    finally:
+        os.umask(old)
+    assert ckpt.stat().st_mode & 0o777 == mode and written.stat().st_mode & 0o777 == mode
+    written.chmod(0o640)  # a mode the user chose is kept when the file is replaced
+    assert atomic.atomic_write(written, "{}").stat().st_mode & 0o777 == 0o640
+
+
+def test_prepared_data_follows_the_umask(tmp_path):
+    from minddp.tools import prepare
+
+    (tmp_path / "in.txt").write_text("hello world\n" * 2000)
+    old = os.umask(0o022)
+    try:
+        prepare.main([str(tmp_path / "in.txt"), "--out", str(tmp_path / "out"), "--tokenizer", "bytes"])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "out" / "train.bin").stat().st_mode & 0o777 == 0o644
+
+
+# ------------------------------------------------ 10. minddp debug on malformed dumps
+@pytest.mark.parametrize("name,content", [
+    ("flight_recorder/rank0", b"\x80\x04junk"), ("flight_recorder/rank0", b""),
+    ("flight_recorder/rank1", b"\x80\x04}\x94."),  # a pickled empty dict: no entries
+    ("flight_recorder_context/rank0.json", b"{not json"), ("flight_recorder_context/rank0.json", b"[1, 2]"),
+])
+def test_debug_on_a_malformed_dump_is_one_line(tmp_path, capsys, name, content):
+    from minddp.tools import debug
+
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        debug.main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"minddp debug: {tmp_path / name}: not" in err, err
+
+
+def test_debug_on_a_missing_folder_is_one_line(tmp_path, capsys):
+    from minddp.tools import debug
+
+    with pytest.raises(SystemExit) as e:
+        debug.main([str(tmp_path / "nope")])
+    assert e.value.code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- end to end (slow)
+ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_by_the_printed_command_in_its_own_run_dir(tmp_path):
+    out = tmp_path / "wd"
+    out.mkdir()
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "MINDDP_RUN_DIR"}
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), *ARGS, "train.stop_at_step=3"], cwd=out,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    command = (p.stdout + p.stderr).split("resume with:\n", 1)[1].splitlines()[0].strip()
+    run_dir = next((out / "outputs").glob("*/*"))
+    assert command.endswith(f"train.resume={run_dir}") and "stop_at_step" not in command, command
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    time.sleep(1.1)  # a new process start second: a fresh run would get a new outputs/<date>/<time>
+    p = subprocess.run([sys.executable, *argv[1:]], cwd=out, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resumed from {run_dir}/checkpoints/ckpt_00000003.pt at step 3" in p.stdout + p.stderr
+    assert list((out / "outputs").glob("*/*")) == [run_dir]
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_a_dangling_checkpoints_link_exits_2_and_keeps_the_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(run_dir, *ARGS, "train.stop_at_step=2")
+    (run_dir / "checkpoints").rename(tmp_path / "moved")
+    (run_dir / "checkpoints").symlink_to(tmp_path / "unmounted")
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    p = run_train(run_dir, *ARGS, "train.resume=auto", check=False, timeout=120)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert f"configuration error: {run_dir}/checkpoints is a symlink to {tmp_path}/unmounted" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_every_step_skipped_stops_the_run_naming_the_lr(tmp_path):
+    p = run_train(tmp_path / "run", *ARGS, "train.max_steps=40", "optim.lr=1e30", "train.max_skipped_steps=5",
+                  check=False, timeout=120)
+    assert p.returncode == 3, (p.returncode, p.stderr[-3000:])
+    line = [x for x in p.stderr.splitlines() if "minddp: stopped:" in x]
+    assert line and "5 steps in a row" in line[0] and "optim.lr=1e+30 is likely too high" in line[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_nan_weights_in_the_checkpoint_stop_the_resume_naming_it(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(run_dir, *ARGS, "train.stop_at_step=2")
+    newest = checkpoint.latest(run_dir)
+    state = torch.load(newest, weights_only=True)
+    state.pop(integrity.KEY)
+    state["model"] = {k: torch.full_like(v, float("nan")) for k, v in state["model"].items()}
+    checkpoint.save(run_dir, 2, state)  # NaN, with valid checksums: as if saved so
+    p = run_train(run_dir, *ARGS, "train.resume=auto", "train.max_skipped_steps=3", check=False, timeout=120)
+    assert p.returncode == 3, (p.returncode, p.stderr[-3000:])
+    assert f"the weights are NaN/inf, from the checkpoint this run resumed from, {newest}" in p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path):
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ARGS, "train.max_steps=100000",
+                            "train.ckpt_every=0"], cwd=ROOT, env=env_for(run_dir), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_step(run_dir, 3, 120)
+        job.send_signal(signal.SIGINT)
+        out, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 130, out[-3000:]
+    step = int(re.search(r"stopping after step (\d+) \(a stop signal\)", out).group(1))
+    assert checkpoint.latest(run_dir).name == f"ckpt_{step:08d}.pt" and "Traceback" not in out
+    assert f"train.resume={run_dir}" in out
+
+
+@pytest.mark.slow
+def test_a_torn_checkpoint_and_a_flipped_bit_resume_from_the_previous_one(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train(run_dir, *ARGS, "train.stop_at_step=4")
+    newest = checkpoint.latest(run_dir)
+    newest.write_bytes(newest.read_bytes()[:15_000])
+    p = run_train(run_dir, *ARGS, "train.resume=auto", nproc=2, timeout=180)
+    assert "ckpt_00000002.pt at step 2" in p.stdout + p.stderr, p.stderr[-3000:]
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "run.json").read_text())["data"]["fingerprint"] is None  # synthetic
