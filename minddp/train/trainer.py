@@ -32,11 +32,12 @@ from ..ddp import DistributedDataParallel
 from ..dist import init_distributed
 from ..mesh import Mesh
 from ..zero import OverlappedOptimizer, ShardedOptimizer
-from . import checkpoint, consistency, flight_recorder, flops, resume_check, steptrace
+from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, steptrace
 from .atomic import atomic_write
 from .config import validate
-from .data import ShardedBatches, collate, load_data, record_in_config
+from .data import ShardedBatches, collate, load_data_agreed, record_in_config
 from .faults import Faults
+from .guard import SkipGuard
 from .model import GPT, MLP, GPTConfig, MLPConfig
 from .signals import StopRequest
 from .steptrace import StepTrace
@@ -106,14 +107,15 @@ class Trainer:
         flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
         if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
             quiet_logging()
-        self.train_set, self.val_set, self.data_info = load_data(cfg.data, cfg.model.block_size,
-                                                                 cfg.model.vocab_size)
+        self.train_set, self.val_set, self.data_info = load_data_agreed(cfg.data, cfg.model.block_size,
+                                                                        cfg.model.vocab_size)
         record_in_config(cfg, self.data_info)  # the saved config, run.json and W&B say what was used
         self.vocab_size = self.data_info.vocab_size
         self.model = self._build_model()
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
-        self.ckpt_path, state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device)
+        self.ckpt_path, state = checkpoint.resolve_agreed(
+            self.run_dir, t.resume, info.device, resume.shape_check(cfg.model, build_model, self.vocab_size))
         resume_notes = self._check_resume(state)
         self._load_model(state)
         self.ddp = self._wrap(self.model)
@@ -125,7 +127,7 @@ class Trainer:
         self.tracker = self._make_tracker()
         for note in resume_notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
-        self._window, self.skipped = [], 0
+        self._window, self.skipped, self.guard = [], 0, SkipGuard(t.max_skipped_steps)
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
@@ -140,8 +142,9 @@ class Trainer:
         rank holds the same state and config, so all decide alike (no collective)."""
         if not state:
             return []
-        return resume_check.check(state.get("config"), self.run_config(), self.t.resume_force,
-                                  self.ckpt_path)
+        force, path = self.t.resume_force, self.ckpt_path
+        return (resume_check.check(state.get("config"), self.run_config(), force, path)
+                + resume_check.check_data(state.get("data"), self.data_info.as_dict(), force, path))
 
     def _build_model(self) -> torch.nn.Module:
         cfg, mesh = self.cfg, self.mesh
@@ -263,11 +266,13 @@ class Trainer:
         if result.skipped and t.on_nonfinite == "stop":
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
+        self.guard.after_step(step, result.skipped, self)
         if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
             self.save(step)
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
-            self.tracker.info(f"stopping after step {step} ({why}); resume with train.resume=auto")
+            self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
+                              + resume.resume_command(self.run_dir))
         return stopping
 
     def train_step(self, step: int) -> StepResult:
@@ -431,7 +436,7 @@ class Trainer:
                     "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
                     "step": step, "epoch": epoch, "position_in_epoch": pos,
                     "samples_seen": self.batches.samples_seen(step), "rng": rng,
-                    "config": self.run_config()})
+                    "config": self.run_config(), "data": self.data_info.as_dict()})
                 self.tracker.info(f"saved {path}")
             except Exception as e:  # noqa: BLE001 - every rank stops with it, none waits for rank 0
                 failure, error = [f"{type(e).__name__}: {e}"], e
