@@ -3,7 +3,9 @@
 from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from .ddp import DDP, DistributedDataParallel
 from .observer import CommStats
-from .zero import OverlappedOptimizer, ShardedOptimizer
+from .optim import ReplicatedOptimizer
+from .overlap import OverlappedOptimizer
+from .zero import ShardedOptimizer
 
 __all__ = [
     "DDP",
@@ -11,6 +13,7 @@ __all__ = [
     "DistributedDataParallel",
     "GradBucket",
     "OverlappedOptimizer",
+    "ReplicatedOptimizer",
     "ShardedOptimizer",
     "allreduce_hook",
     "bf16_compress_hook",

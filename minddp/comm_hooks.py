@@ -284,13 +284,10 @@ class ReduceScatter(Reduction):
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
         super().__init__(reducer, params)
-        self.release = None  # called before a rebuild (ShardedOptimizer drops its views)
         self.pad_to = dist.get_world_size(reducer.group)
         self.avg = reducer.reduce_op == "avg"
 
     def bind(self, layout) -> None:
-        if layout is None and self.release is not None:
-            self.release()  # the sharded optimizer lets go of the old buffers too
         super().bind(layout)
         if layout is not None:
             layout.flat_params = flatten_params(self.params, layout)

@@ -20,9 +20,11 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
    the last bucket to the host without waiting (minddp.transfer); the next forward reads them
    and raises on every rank if some rank left a parameter unused (torch DDP also raises
    there). After the first iteration the buckets are rebuilt once in
-   the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). With
-   `optimizer_overlap=True`, `post_reduce(b)` steps bucket b's parameters right after its
-   wait, while later buckets are still in flight (minddp.zero.OverlappedOptimizer).
+   the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). Callbacks
+   registered with `on_reduced(fn)` run with b right after bucket b's wait, while later
+   buckets are still in flight (minddp.overlap.OverlappedOptimizer steps bucket b there);
+   those registered with `on_rebuild(fn)` run before a rebuild drops the old buffers
+   (minddp.zero.ShardedOptimizer lets go of its views there).
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
@@ -114,8 +116,8 @@ class DistributedDataParallel(nn.Module):
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
         self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
-        # each bucket's parameters stepped once it is reduced: see minddp.zero.OverlappedOptimizer
-        self.optimizer_overlap, self.post_reduce = optimizer_overlap, None
+        self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.overlap
+        self._reduced_callbacks, self._rebuild_callbacks = [], []  # on_reduced(fn), on_rebuild(fn)
         self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
         self._replicate(module)
         reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
@@ -155,6 +157,8 @@ class DistributedDataParallel(nn.Module):
         """(Re)allocate the flat buffers for `order`; existing gradients move into them."""
         assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap)
         version = self.layout.version + 1 if self.layout is not None else 1
+        for fn in self._rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
+            fn()
         self.layout = None
         self.reduction.bind(None)  # let each old buffer go once its last gradient has moved
         shards = self.reduction.pad_to
@@ -270,8 +274,8 @@ class DistributedDataParallel(nn.Module):
             wire_bytes += self.reduction.finish(b, result)
             if scale is not None:  # averaged over the ranks still training, not the initial world
                 bucket.buffer.mul_(scale)
-            if self.post_reduce is not None:  # e.g. step this bucket's parameters now
-                self.post_reduce(b)
+            for fn in self._reduced_callbacks:  # e.g. step this bucket's parameters now
+                fn(b)
         self.observer.wait_end(wire_bytes)
 
     def rebuild(self, ready_order: list[int]) -> None:
@@ -306,6 +310,14 @@ class DistributedDataParallel(nn.Module):
         shadows the others' collectives until every rank is done (minddp.join). Gradients are
         averaged over the initial world size, or over the ranks still training."""
         return _join.join(self, divide_by_initial_world_size)
+
+    def on_reduced(self, fn) -> None:
+        """Call fn(b) right after bucket b is reduced, in bucket order (later buckets in flight)."""
+        self._reduced_callbacks.append(fn)
+
+    def on_rebuild(self, fn) -> None:
+        """Call fn() before the buckets are rebuilt: views of the old buffers must be let go."""
+        self._rebuild_callbacks.append(fn)
 
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`."""

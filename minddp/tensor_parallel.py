@@ -208,10 +208,9 @@ def load_full_optimizer_state(opt, sd: dict, tp_size: int = 1, tp_rank: int = 0)
 
 
 def _param_specs(opt) -> dict[int, tuple | None]:
-    """Optimizer state index -> the parameter's tp_shard spec (torch numbers params in group order)."""
-    params = (opt.original_params() if hasattr(opt, "original_params")  # a ShardedOptimizer
-              else [p for g in opt.param_groups for p in g["params"]])
-    return {i: getattr(p, "tp_shard", None) for i, p in enumerate(params)}
+    """Optimizer state index -> the parameter's tp_shard spec (torch numbers params in group order;
+    `opt` keeps minddp.optim's protocol: original_params() in that order)."""
+    return {i: getattr(p, "tp_shard", None) for i, p in enumerate(opt.original_params())}
 
 
 def _like_param(v) -> bool:

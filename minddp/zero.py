@@ -1,6 +1,8 @@
-"""Optimizers over the engine's buckets: ZeRO stage 1 (optimizer states sharded over the
-data-parallel ranks, `ShardedOptimizer`) and the step overlapped with communication
-(`OverlappedOptimizer`, at the end of this file).
+"""ZeRO stage 1: optimizer states sharded over the data-parallel ranks (`ShardedOptimizer`).
+
+It keeps minddp.optim's protocol (step, zero_grad, grad_norm, clip_grad_norm_, wait_params,
+state_dict/load_state_dict, `.optim` for schedulers) and plugs into the engine through its
+declared callbacks (`ddp.on_rebuild`), never by setting its attributes.
 
     ddp = minddp.DDP(model, shard_optimizer=True)
     opt = minddp.ShardedOptimizer(ddp, torch.optim.AdamW, param_groups, lr=1e-3, fused=True)
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import _compat, collectives, gradnorm
+from .overlap import OverlappedOptimizer  # noqa: F401 - its old home (minddp.zero.OverlappedOptimizer)
 
 
 @dataclass
@@ -49,10 +52,13 @@ class Segment:
 
 
 class ShardedOptimizer:
-    def __init__(self, ddp, optimizer_class, params=None, **defaults):
+    """The optimizer steps this rank's 1/n shard of every bucket, then all-gathers the parameters
+    (see the module's docstring); `tp_group`/`tp_size` make its norms tensor-parallel aware."""
+
+    def __init__(self, ddp, optimizer_class, params=None, tp_group=None, tp_size: int = 1, **defaults):
         if not getattr(ddp, "shard_optimizer", False):
             raise ValueError("ShardedOptimizer needs the engine built with DDP(..., shard_optimizer=True)")
-        self.ddp = ddp
+        self.ddp, self.tp_group, self.tp_size = ddp, tp_group, tp_size
         groups = list(params if params is not None else ddp.module.parameters())
         if not groups or not isinstance(groups[0], dict):
             groups = [{"params": groups}]
@@ -76,7 +82,7 @@ class ShardedOptimizer:
         # on CUDA (there the host does not wait, the compute stream does)
         self._waits, self._last_waits = [], []
         self._seen_done: set[int] = set()  # gathers a traced forward saw finished
-        ddp.reduction.release = self._release  # called before the engine rebuilds its buckets
+        ddp.on_rebuild(self._release)  # called before the engine rebuilds its buckets
         self._hooks = [m.register_forward_pre_hook(self._make_wait(m)) for m in ddp.module.modules()
                        if any(True for _ in m.parameters(recurse=False))]
 
@@ -208,15 +214,17 @@ class ShardedOptimizer:
         return wait
 
     # ------------------------------------------------------- gradient norm
-    def grad_norm(self, tp_group=None, tp_size: int = 1) -> torch.Tensor:
+    def grad_norm(self, tp_group=None, tp_size: int | None = None) -> torch.Tensor:
         """Global L2 norm from the shards (minddp.gradnorm: squares summed over dp, and over tp
         for tensor-parallel-sharded parameters); no host sync."""
         return gradnorm.grad_norm(**self._norm_args(tp_group, tp_size))
 
-    def clip_grad_norm_(self, max_norm: float, tp_group=None, tp_size: int = 1) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, tp_group=None, tp_size: int | None = None) -> torch.Tensor:
         return gradnorm.clip_grad_norm_(max_norm=max_norm, **self._norm_args(tp_group, tp_size))
 
-    def _norm_args(self, tp_group, tp_size: int) -> dict:
+    def _norm_args(self, tp_group, tp_size: int | None) -> dict:
+        if tp_size is None:  # the constructor's
+            tp_group, tp_size = self.tp_group, self.tp_size
         self._slice_shards()
         params, tp = self.ddp.params, tp_group if tp_size > 1 else None
         sharded = [tp is not None and bool(getattr(params[s.param], "tp_shard", None))
@@ -311,87 +319,3 @@ def _seconds(wait) -> float:
     start, end = wait
     end.synchronize()  # recorded in a forward that has long been queued: about free
     return start.elapsed_time(end) / 1e3
-
-
-class OverlappedOptimizer:
-    """The optimizer step overlapped with communication (`DDP(..., optimizer_overlap=True)`).
-
-        ddp = minddp.DDP(model, optimizer_overlap=True)
-        opt = minddp.OverlappedOptimizer(ddp, torch.optim.AdamW, param_groups, lr=1e-3)
-        loss.backward()   # bucket b's parameters are stepped as soon as bucket b is reduced
-        opt.step()        # nothing left to do (the step happened at the end of backward)
-        opt.zero_grad()
-
-    At the end of backward the engine waits for its buckets in order; right after bucket b's
-    reduction arrives, the inner optimizer steps bucket b's parameters (its param groups cut
-    down to them, options kept), while the later buckets are still in flight. (Not earlier:
-    the step waits for backward's last kernel, so autograd never sees a parameter change.)
-    For an element-wise optimizer (AdamW, SGD with momentum, ...) stepping the parameters in
-    parts is exactly one ordinary step; a non-element-wise one (LAMB's per-layer trust
-    ratio is fine, a global one is not) would differ.
-
-    Gradient clipping by the global norm needs every bucket before the first step, so it is
-    refused (`ddp.clip_grad_norm_` raises; `ddp.grad_norm()` still reads the norm), and so is
-    skipping a step after the fact: the trainer refuses ddp.optimizer_overlap=true with
-    optim.grad_clip > 0 or train.on_nonfinite=skip.
-    """
-
-    def __init__(self, ddp, optimizer_class, params=None, **defaults):
-        if not getattr(ddp, "optimizer_overlap", False):
-            raise ValueError("OverlappedOptimizer needs the engine built with "
-                             "DDP(..., optimizer_overlap=True)")
-        self.ddp = ddp
-        self.optim = optimizer_class(params if params is not None else ddp.module.parameters(), **defaults)
-        self._cuts: dict[int, list[list[list]]] = {}  # layout version -> per bucket, per group: params
-        self.steps_taken = 0  # bucket steps since the last step() call
-        ddp.post_reduce = self._step_bucket
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @property
-    def state(self):
-        return self.optim.state
-
-    def _bucket_cut(self, b: int) -> list[list]:
-        layout = self.ddp.layout
-        if layout.version not in self._cuts:
-            self._cuts = {layout.version: []}
-            for bucket in layout.buckets:
-                mine = {id(self.ddp.params[i]) for i in bucket.param_ids}
-                self._cuts[layout.version].append(
-                    [[p for p in g["params"] if id(p) in mine] for g in self.optim.param_groups])
-        return self._cuts[layout.version][b]
-
-    @torch.no_grad()
-    def _step_bucket(self, b: int) -> None:
-        """Step bucket b's parameters now (the engine calls it once bucket b is reduced)."""
-        opt, cut = self.optim, self._bucket_cut(b)
-        groups = opt.param_groups
-        whole = [g["params"] for g in groups]
-        try:
-            for g, params in zip(groups, cut):
-                g["params"] = params
-            opt.param_groups = [g for g in groups if g["params"]]
-            opt.step()
-        finally:
-            opt.param_groups = groups
-            for g, params in zip(groups, whole):
-                g["params"] = params
-        self.steps_taken += 1
-
-    def step(self, closure=None) -> None:
-        """The step already happened, bucket by bucket, at the end of the synchronised backward."""
-        if closure is not None:
-            raise ValueError("OverlappedOptimizer steps inside backward: a closure cannot be re-evaluated")
-        self.steps_taken = 0
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return self.optim.state_dict()
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.optim.load_state_dict(sd)

@@ -262,4 +262,5 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
                        timeout=300, env={**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
-    assert "| bare loop |" in text and "| nanoGPT-style loop |" in text and "`grad_norm`" in text
+    assert "| bare loop |" in text and "| nanoGPT-style loop |" in text
+    assert "`agree`" in text and "`opt.step`" in text

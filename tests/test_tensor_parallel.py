@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.testing import assert_close
 
+import minddp
 from minddp import tensor_parallel as tp
 from minddp.train.model import GPT, GPTConfig
 from tests import multiproc
@@ -88,12 +89,12 @@ def _gpt(rank, world_size):
         assert_close(got, p.grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
 
     # optimizer state round trip through the layout-independent form
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = minddp.ReplicatedOptimizer(None, torch.optim.AdamW, model.parameters(), lr=1e-3)
     opt.step()
     sd = tp.full_optimizer_state(opt, model, dist.group.WORLD, world_size)
     qkv_index = [n for n, _ in model.named_parameters()].index("blocks.0.attn.qkv.weight")
     assert sd["state"][qkv_index]["exp_avg"].shape == (96, 32)  # whole
-    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt2 = minddp.ReplicatedOptimizer(None, torch.optim.AdamW, model.parameters(), lr=1e-3)
     tp.load_full_optimizer_state(opt2, sd, world_size, rank)
     assert torch.equal(opt2.state_dict()["state"][qkv_index]["exp_avg"],
                        opt.state_dict()["state"][qkv_index]["exp_avg"])

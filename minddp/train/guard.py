@@ -29,7 +29,7 @@ class SkipGuard:
             raise DivergedError(self._cause(step, trainer))
 
     def _cause(self, step: int, trainer) -> str:
-        trainer._wait_params()
+        trainer.opt.wait_params()
         params = [p.detach().abs().max().double() for p in trainer.model.parameters() if p.numel()]
         largest = (torch.stack(params).max() if params else torch.zeros((), dtype=torch.float64))
         largest = largest.reshape(1).to(trainer.info.device)  # torch's max keeps a NaN

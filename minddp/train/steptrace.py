@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -24,9 +25,10 @@ class StepTrace:
         self.ddp, self.spans = ddp, []
         self.t0 = None
 
-    def start(self) -> None:
+    def start(self) -> "StepTrace":
         self.ddp.trace = []
         self.t0 = time.perf_counter()
+        return self
 
     def now(self) -> float:
         """The host clock once the device has finished what was queued (a CUDA host only
@@ -34,6 +36,13 @@ class StepTrace:
         if self.ddp.device.type == "cuda":
             torch.cuda.synchronize(self.ddp.device)
         return time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: str):
+        """A compute span around the block (`with trace.phase("forward 0"): ...`)."""
+        start = self.now()
+        yield
+        self.span(name, start, self.now())
 
     def span(self, name: str, start: float, end: float) -> None:
         self.spans.append((name, start - self.t0, end - self.t0))
@@ -54,6 +63,50 @@ class StepTrace:
                           for n, s, e in self.spans]
             self.spans.append(("exposed wait", end, marks["wait_end"]))
         return {"compute": self.spans, "comm": comm}
+
+
+def profiler(profile_steps, start: int, run_dir: str, info):
+    """train.profile_steps=[a,b]: a torch.profiler trace of steps a..b on every rank, in
+    <run dir>/profile/ (TensorBoard's trace handler: open with TensorBoard or Perfetto); None
+    when not asked for."""
+    if not profile_steps:
+        return None
+    first, last = profile_steps
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if info.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(
+        activities=activities, record_shapes=True,
+        schedule=torch.profiler.schedule(skip_first=max(0, first - 1 - start), wait=0, warmup=0,
+                                         active=last - first + 1, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(f"{run_dir}/profile",
+                                                                worker_name=f"rank{info.rank}"))
+    prof.start()
+    return prof
+
+
+@contextmanager
+def profiled_step(prof, step: int):
+    """The training step's number in the profiler's trace (ProfilerStep# counts from 0)."""
+    if prof is None:
+        yield
+        return
+    with torch.profiler.record_function(f"minddp: step {step}"):
+        yield
+    prof.step()
+
+
+class _NoTrace:
+    """What an untraced step records: nothing (so the step reads the same traced or not)."""
+
+    def start(self) -> "_NoTrace":
+        return self
+
+    def phase(self, name: str):
+        return nullcontext()
+
+
+NO_TRACE = _NoTrace()
 
 
 def _gathers(events: list[tuple]) -> tuple[list, list]:

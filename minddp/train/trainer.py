@@ -1,13 +1,16 @@
-"""The training loop, read top to bottom: setup, train_step, evaluate, save and load.
+"""The training loop, read top to bottom: setup, fit, train_step, log.
 
     Trainer(cfg, run_dir).fit()
 
-One optimizer step (`train_step`): forward and backward over the micro-batches, with the
-gradient reduction only on the last (torch DDP's `require_backward_grad_sync`, the way
-nanoGPT does it); one small all-reduce that decides for every rank together (the global
-loss, a stop request, a non-finite loss or gradient), which is the step's only host sync;
-then the optimizer. The global batch is fixed, so the loss curve does not depend on the
-number of processes.
+One optimizer step (`train_step`, on one screen): forward and backward over the
+micro-batches, with the gradient reduction only on the last (torch DDP's
+`require_backward_grad_sync`, the way nanoGPT does it); the gradient norm (clipped); one small
+all-reduce that decides for every rank together (the global loss, a stop request, a
+non-finite loss or gradient): the step's one host read (logging steps add the metrics'); then
+the optimizer. `fit` decides when to evaluate, check replicas, log and checkpoint. The
+optimizer keeps minddp.optim's protocol whether it is replicated, sharded (ZeRO-1) or
+overlapped, so the loop never asks which. The global batch is fixed, so the loss curve does
+not depend on the number of processes.
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
-from .. import _compat
+from .. import _compat, transfer
 from .. import tensor_parallel as tp
 from ..ddp import DistributedDataParallel
 from ..dist import init_distributed
 from ..mesh import Mesh
-from ..zero import OverlappedOptimizer, ShardedOptimizer
-from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, steptrace
+from ..optim import ReplicatedOptimizer
+from ..overlap import OverlappedOptimizer
+from ..zero import ShardedOptimizer
+from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
 from .atomic import atomic_write
 from .config import validate
-from .data import ShardedBatches, collate, load_data_agreed, record_in_config
+from .data import ShardedBatches, load_data_agreed, record_in_config
+from .evaluate import evaluate
 from .faults import Faults
 from .guard import SkipGuard
 from .model import GPT, MLP, GPTConfig, MLPConfig
@@ -53,20 +59,19 @@ def build_model(m, vocab_size: int) -> torch.nn.Module:
     return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
 
 
-def build_optimizer(model, o, device: torch.device, ddp=None):
+def build_optimizer(model, o, device: torch.device, ddp=None, tp_group=None, tp_size: int = 1):
     """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters);
-    no weight decay on biases, norms and other vectors (GPT-2 practice). With a sharding
-    engine (ddp.shard_optimizer), the same AdamW runs on this rank's shard (ZeRO-1)."""
+    no weight decay on biases, norms and other vectors (GPT-2 practice); replicated, sharded
+    (ZeRO-1, ddp.shard_optimizer) or stepped per bucket (ddp.optimizer_overlap), each with
+    minddp.optim's protocol."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    kwargs = {"lr": o.lr, "betas": (o.beta1, o.beta2),
+    kwargs = {"lr": o.lr, "betas": (o.beta1, o.beta2), "tp_group": tp_group, "tp_size": tp_size,
               "fused": device.type in ("cpu", "cuda")}  # where torch has the kernel
-    if ddp is not None and ddp.shard_optimizer:
-        return ShardedOptimizer(ddp, torch.optim.AdamW, groups, **kwargs)
-    if ddp is not None and ddp.optimizer_overlap:  # stepped bucket by bucket inside backward
-        return OverlappedOptimizer(ddp, torch.optim.AdamW, groups, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+    kind = (ShardedOptimizer if ddp is not None and ddp.shard_optimizer else
+            OverlappedOptimizer if ddp is not None and ddp.optimizer_overlap else ReplicatedOptimizer)
+    return kind(ddp, torch.optim.AdamW, groups, **kwargs)
 
 
 def lr_factor(step: int, o, max_steps: int) -> float:
@@ -114,37 +119,40 @@ class Trainer:
         self.model = self._build_model()
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
-        self.ckpt_path, state = checkpoint.resolve_agreed(
+        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(
             self.run_dir, t.resume, info.device, resume.shape_check(cfg.model, build_model, self.vocab_size))
-        resume_notes = self._check_resume(state)
-        self._load_model(state)
+        resume_notes = self._check_resume(ckpt_state)
+        state.load_model(self, ckpt_state)
         self.ddp = self._wrap(self.model)
-        self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(  # on the inner optimizer when sharded
-            getattr(self.opt, "optim", self.opt), lambda s: lr_factor(s, cfg.optim, t.max_steps))
-        self.start = self._load_training_state(state)
+        self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
+        self.start = state.load_training_state(self, ckpt_state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
         for note in resume_notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
-        self._window, self.skipped, self.guard = [], 0, SkipGuard(t.max_skipped_steps)
+        self._window: list[StepResult] = []  # the steps since the last metrics row
+        self.skipped, self.guard = 0, SkipGuard(t.max_skipped_steps)
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
 
+    def lr_factor(self, step: int) -> float:
+        return lr_factor(step, self.cfg.optim, self.t.max_steps)
+
     def run_config(self) -> dict:
         """The configuration a checkpoint saves, and a resume compares against."""
         return OmegaConf.to_container(self.cfg, resolve=True)
 
-    def _check_resume(self, state) -> list[str]:
+    def _check_resume(self, saved) -> list[str]:
         """Refuse changed settings that break an exact resume; list the applied ones. Every
         rank holds the same state and config, so all decide alike (no collective)."""
-        if not state:
+        if not saved:
             return []
         force, path = self.t.resume_force, self.ckpt_path
-        return (resume_check.check(state.get("config"), self.run_config(), force, path)
-                + resume_check.check_data(state.get("data"), self.data_info.as_dict(), force, path))
+        return (resume_check.check(saved.get("config"), self.run_config(), force, path)
+                + resume_check.check_data(saved.get("data"), self.data_info.as_dict(), force, path))
 
     def _build_model(self) -> torch.nn.Module:
         cfg, mesh = self.cfg, self.mesh
@@ -211,15 +219,10 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def fit(self) -> None:
-        self._window: list[StepResult] = []
-        profiler = self._profiler()
+        profiler = steptrace.profiler(self.t.profile_steps, self.start, self.run_dir, self.info)
         try:
             for step in range(self.start + 1, self.t.max_steps + 1):
-                if profiler:  # the training step's number in the trace (ProfilerStep# counts from 0)
-                    with torch.profiler.record_function(f"minddp: step {step}"):
-                        stop = self.run_step(step)
-                    profiler.step()
-                else:
+                with steptrace.profiled_step(profiler, step):
                     stop = self.run_step(step)
                 if stop:
                     break
@@ -233,35 +236,21 @@ class Trainer:
         # a collective makes gloo's connection threads abort the peer at exit
         dist.barrier()
 
-    def _profiler(self):
-        """train.profile_steps=[a,b]: a torch.profiler trace of steps a..b on every rank, in
-        <run dir>/profile/ (TensorBoard's trace handler: open with TensorBoard or Perfetto)."""
-        if not self.t.profile_steps:
-            return None
-        first, last = self.t.profile_steps
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.info.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        skip = max(0, first - 1 - self.start)
-        prof = torch.profiler.profile(
-            activities=activities, record_shapes=True,
-            schedule=torch.profiler.schedule(skip_first=skip, wait=0, warmup=0, active=last - first + 1,
-                                             repeat=1),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(
-                f"{self.run_dir}/profile", worker_name=f"rank{self.info.rank}"))
-        prof.start()
-        return prof
-
     def run_step(self, step: int) -> bool:
-        """One step as the loop runs it: train, log, checkpoint. True when the run should stop."""
+        """A step and what follows it: check replicas, evaluate and log, checkpoint. True when
+        the run should stop. Every rank decides alike (from the agreed result), so all run the
+        same collectives."""
         t = self.t
         t0 = time.perf_counter()
         result = self.train_step(step)
         result.seconds = time.perf_counter() - t0
         self._window.append(result)
         stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
+        if t.check_every and step % t.check_every == 0:
+            self.opt.wait_params()
+            consistency.check_replicas(self.model, self.mesh.dp_group)
         if self._should_log(step, result, stopping):
-            self.log(step, self._window)
+            self.log(step, self._window, self.evaluate() if self._eval_due(step) else None)
             self._window = []
         if result.skipped and t.on_nonfinite == "stop":
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
@@ -276,16 +265,22 @@ class Trainer:
         return stopping
 
     def train_step(self, step: int) -> StepResult:
-        """Forward and backward over this rank's micro-batches, then the optimizer step."""
+        """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""
         flight_recorder.set_context(step=step, phase="forward/backward")
-        tracer = StepTrace(self.ddp) if step == self.t.trace_step else None
-        if tracer:
-            tracer.start()
-        loss_sum = self.forward_backward(self.batches.get(step - 1), tracer)
+        trace = (steptrace.StepTrace(self.ddp) if step == self.t.trace_step else steptrace.NO_TRACE).start()
+        loss_sum = torch.zeros((), device=self.info.device)
+        for m, (x, y) in enumerate(self.batches.get(step - 1)):
+            self.ddp.require_backward_grad_sync = m == self.accum - 1  # what no_sync() toggles
+            with trace.phase(f"forward {m}"), self.autocast():
+                loss = F.cross_entropy(self.ddp(x).flatten(0, 1).float(), y.flatten()) / self.accum
+            with trace.phase(f"backward {m}"):
+                loss.backward()
+            loss_sum += loss.detach()
         self.faults.after_backward(step, self.model, loss_sum)
         flight_recorder.set_context(phase="optimizer")
-        norm = self.grad_norm()
-        loss, stop, skip = self.agree(loss_sum, norm)
+        clip = self.cfg.optim.grad_clip
+        norm = self.opt.clip_grad_norm_(clip) if clip > 0 else self.opt.grad_norm()
+        loss, stop, skip = self.agree(loss_sum, norm)  # the step's one host read
         if skip:
             log.warning(f"step {step}: non-finite loss or gradient on some rank; all ranks "
                         f"{'skip this step' if self.t.on_nonfinite == 'skip' else 'stop'}")
@@ -293,45 +288,12 @@ class Trainer:
             self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        if tracer:
-            self._write_trace(step, tracer)
+        if trace is not steptrace.NO_TRACE:
+            self._write_trace(step, trace)
         return StepResult(loss, norm, skip, stop)
-
-    def forward_backward(self, micro_batches, tracer=None) -> torch.Tensor:
-        """Sum of the micro-batch losses (each divided by accum), left on the device."""
-        loss_sum = torch.zeros((), device=self.info.device)
-        for m, (x, y) in enumerate(micro_batches):
-            # reduce only on the last micro-batch: the attribute no_sync() toggles
-            self.ddp.require_backward_grad_sync = m == self.accum - 1
-            ts = time.perf_counter()
-            with self.autocast():
-                logits = self.ddp(x)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / self.accum
-            tb = time.perf_counter()
-            loss.backward()
-            if tracer:
-                tracer.span(f"forward {m}", ts, tb)
-                tracer.span(f"backward {m}", tb, time.perf_counter())
-            loss_sum += loss.detach()
-        self.ddp.require_backward_grad_sync = True
-        return loss_sum
 
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16, enabled=self.bf16)
-
-    def grad_norm(self) -> torch.Tensor:
-        """The global gradient norm (clipped to optim.grad_clip if > 0), also the non-finite check."""
-        mesh, clip = self.mesh, self.cfg.optim.grad_clip
-        if self.ddp.shard_optimizer:  # each rank holds its shard of the gradients
-            if clip > 0:
-                return self.opt.clip_grad_norm_(clip, mesh.tp_group, mesh.tp_size)
-            return self.opt.grad_norm(mesh.tp_group, mesh.tp_size)
-        if mesh.tp_size == 1:  # straight from the engine's flat buffers: a kernel per bucket
-            return self.ddp.clip_grad_norm_(clip) if clip > 0 else self.ddp.grad_norm()
-        params = list(self.model.parameters())
-        if clip > 0:
-            return tp.clip_grad_norm_(params, clip, mesh.tp_group, mesh.tp_size)
-        return tp.grad_norm(params, mesh.tp_group, mesh.tp_size)
 
     def agree(self, loss_sum: torch.Tensor, norm: torch.Tensor) -> tuple[float, bool, bool]:
         """One all-reduce decides for every rank together: the global loss (the mean over
@@ -340,12 +302,12 @@ class Trainer:
         Each rank's peak memory rides along in its own slot (the sum then holds them all)."""
         dev, world = self.info.device, self.info.world_size
         nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norm.to(dev))
-        rss = torch.zeros(world, device=dev)
+        rss = [0.0] * world
         rss[self.info.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * world  # MiB
-        host = torch.tensor([float(self.stop.requested)], device=dev)
-        flags = torch.cat([torch.stack([loss_sum, nonfinite.float()]), host, rss])
+        host = transfer.to_device([float(self.stop.requested), *rss], like=loss_sum)  # pinned, async
+        flags = torch.cat([torch.stack([loss_sum, nonfinite.float()]), host])
         dist.all_reduce(flags, op=dist.ReduceOp.AVG)
-        values = flags.tolist()  # the step's one host sync
+        values = flags.tolist()
         self.peak_rss_mb = max(values[3:])
         return values[0], values[2] > 0, values[1] > 0
 
@@ -358,34 +320,24 @@ class Trainer:
     def _eval_due(self, step: int) -> bool:
         return bool(self.t.eval_every and step % self.t.eval_every == 0) or step == self.t.max_steps
 
-    def log(self, step: int, window: list[StepResult]) -> None:
-        """One metrics row for the steps since the last one (means over them); evaluation and
-        the replica check run here too, on every rank (they are collectives)."""
+    def log(self, step: int, window: list[StepResult], val_loss: float | None = None) -> None:
+        """One metrics row for the steps since the last one (means over them)."""
         seconds = sum(r.seconds for r in window) / len(window)
         tokens_per_s = self.tokens_per_step / seconds
         tflops, mfu = flops.utilisation(tokens_per_s, self.flops_per_token, self.job_peak_tflops, 1)
-        s = self.ddp.comm_stats
+        s, gather = self.ddp.comm_stats, self.opt.exposed_gather_s  # ZeRO-1's, else None
+        self.skipped += sum(r.skipped for r in window)
         row = {"step": step, "loss": sum(r.loss for r in window) / len(window),
                "lr": self.sched.get_last_lr()[0], "step_time_s": seconds, "tokens_per_s": tokens_per_s,
-               "tflops": tflops, **({"mfu": mfu} if mfu is not None else {}),
-               "epoch": self.batches.position(step - 1)[0],
+               "tflops": tflops, "mfu": mfu, "epoch": self.batches.position(step - 1)[0],
                "samples_seen": self.batches.samples_seen(step),
                "grad_norm": window[-1].grad_norm.item(),
                "comm/collectives": s.num_collectives, "comm/bytes": s.bytes,
                "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
-               "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds}
-        if isinstance(self.opt, ShardedOptimizer):  # the last forward's wait for ZeRO-1's all-gathers
-            row["comm/exposed_gather_s"] = self.opt.exposed_gather_s
-        self.skipped += sum(r.skipped for r in window)
-        if self.skipped:
-            row["skipped_steps"] = self.skipped
-        if self.t.check_every and step % self.t.check_every == 0:
-            self._wait_params()
-            consistency.check_replicas(self.model, self.mesh.dp_group)
-        row["mem/peak_rss_mb"] = self.peak_rss_mb
-        if self._eval_due(step):
-            row["val_loss"] = self.evaluate()
-        self.tracker.log(row)
+               "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds,
+               "comm/exposed_gather_s": gather, "skipped_steps": self.skipped or None,
+               "mem/peak_rss_mb": self.peak_rss_mb, "val_loss": val_loss}
+        self.tracker.log({k: v for k, v in row.items() if v is not None})
 
     def _write_trace(self, step: int, tracer: StepTrace) -> None:
         # a collective (every rank's trace to every rank), then rank 0 writes
@@ -394,123 +346,26 @@ class Trainer:
             files = steptrace.write(traces, f"{self.run_dir}/trace_step{step}")
             log.info(f"wrote {files[0]} and {files[1]}")
 
-    # ------------------------------------------------------------- evaluation
-    @torch.no_grad()
+    # ------------------------------------------------- evaluation and checkpoints
     def evaluate(self) -> float:
-        """Exact mean token loss over the first train.eval_samples validation windows (all
-        if 0), for any dp size: rank r takes windows r, r+dp, ... (no padding, nothing
-        counted twice); sums and counts are all-reduced. The unwrapped model is used, so
-        ranks may run different numbers of batches."""
-        flight_recorder.set_context(phase="evaluate")
-        t, mesh, dev, model = self.t, self.mesh, self.info.device, self.model
-        n = len(self.val_set) if t.eval_samples <= 0 else min(len(self.val_set), t.eval_samples)
-        mine = list(range(mesh.dp_rank, n, mesh.dp_size))
-        model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=dev)
-        for s in range(0, len(mine), t.micro_batch_size):
-            x, y = collate(self.val_set, mine[s : s + t.micro_batch_size], dev)
-            with self.autocast():
-                logits = model(x)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
-            total += torch.stack([loss.double(), torch.tensor(y.numel(), dtype=torch.float64, device=dev)])
-        dist.all_reduce(total, group=mesh.dp_group)
-        model.train()
-        return (total[0] / total[1]).item()
+        return evaluate(self.model, self.val_set, self.mesh, self.t, self.info.device, self.autocast)
 
-    # ------------------------------------------------------------ checkpoints
     def save(self, step: int) -> None:
-        """Collectives first, on every rank (full tensors gathered over tp, RNG states), then
-        rank 0 writes atomically. Positions are global (samples seen), so any dp can resume."""
-        flight_recorder.set_context(phase="checkpoint")
-        self._wait_params()
-        mesh = self.mesh
-        model_state = tp.full_state_dict(self.model, mesh.tp_group, mesh.tp_size)
-        opt_state = tp.full_optimizer_state(self.opt, self.model, mesh.tp_group, mesh.tp_size)
-        rng = [None] * self.info.world_size
-        dist.all_gather_object(rng, rng_state(self.info.device))
-        failure, error = [None], None
-        if self.info.is_main:
-            epoch, pos = self.batches.position(step)
-            try:
-                path = checkpoint.save(self.run_dir, step, {
-                    "model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
-                    "step": step, "epoch": epoch, "position_in_epoch": pos,
-                    "samples_seen": self.batches.samples_seen(step), "rng": rng,
-                    "config": self.run_config(), "data": self.data_info.as_dict()})
-                self.tracker.info(f"saved {path}")
-            except Exception as e:  # noqa: BLE001 - every rank stops with it, none waits for rank 0
-                failure, error = [f"{type(e).__name__}: {e}"], e
-        dist.broadcast_object_list(failure, src=0)
-        if error is not None:
-            raise error
-        if failure[0]:
-            raise checkpoint.CheckpointWriteError(f"rank 0 could not save step {step}: {failure[0]}")
+        state.save(self, step)
 
     def load(self, path) -> int:
         """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
         not): model, optimizer, schedule and RNG. Every rank calls it; returns its step."""
-        state = checkpoint.load(path, self.info.device)
+        saved = checkpoint.load(path, self.info.device)
         self.ckpt_path = Path(path)
-        self._wait_params()
-        self._load_model(state)
-        self.start = self._load_training_state(state)
+        self.opt.wait_params()
+        state.load_model(self, saved)
+        self.start = state.load_training_state(self, saved)
         return self.start
-
-    def _wait_params(self) -> None:
-        """Under ZeRO-1 the updated parameters arrive by all-gather: read them after it lands."""
-        if hasattr(self.opt, "wait_params"):
-            self.opt.wait_params()
-
-    def _load_model(self, state) -> None:
-        if not state:  # checkpoints hold full tensors: any layout can resume any other
-            return
-        try:
-            tp.load_full_state_dict(self.model, state["model"], self.mesh.tp_size, self.mesh.tp_rank)
-        except (RuntimeError, KeyError) as e:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {self.ckpt_path} was written by a different model: "
-                f"{str(e).splitlines()[0]} ... Use the model config it was trained with, "
-                "or train.resume=none") from None
-
-    def _load_training_state(self, state) -> int:
-        if not state:
-            return 0
-        inner = getattr(self.opt, "optim", self.opt)
-        settings = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
-        tp.load_full_optimizer_state(self.opt, state["optimizer"], self.mesh.tp_size, self.mesh.tp_rank)
-        for group, mine in zip(inner.param_groups, settings):  # this run's optim.*, not the saved ones
-            group.update(mine)
-        self._restore_schedule(state["scheduler"]["last_epoch"])
-        set_rng_state(state["rng"][self.info.rank % len(state["rng"])], self.info.device)
-        return state["step"]
-
-
-    def _restore_schedule(self, position: int) -> None:
-        """Only the position comes from the checkpoint; the schedule is this run's optim.* and
-        max_steps (LambdaLR's saved state would bring back the old optim.lr)."""
-        self.sched.last_epoch = position
-        factor = lr_factor(position, self.cfg.optim, self.t.max_steps)
-        for group, base in zip(getattr(self.opt, "optim", self.opt).param_groups, self.sched.base_lrs):
-            group["lr"] = base * factor
 
 
 def write_run_info(run_dir: str, info: dict) -> None:
     atomic_write(Path(run_dir) / "run.json", json.dumps(info, indent=1))
-
-
-def rng_state(device: torch.device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state, device: torch.device) -> None:
-    if isinstance(state, torch.Tensor):  # checkpoints before CUDA states were saved
-        state = {"cpu": state}
-    torch.set_rng_state(state["cpu"].cpu())
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def quiet_logging() -> None:
