@@ -95,6 +95,10 @@ def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path, monkeypat
     # what torch's dump lacks on gloo and minddp's context adds: the group's members
     ctx = json.loads((tmp_path / "flight_recorder_context" / "rank0.json").read_text())
     assert [0, 1] in ctx["groups"].values()
+    # a rank whose only dump is nccl's watchdog's (killed before minddp dumped) is still read
+    (tmp_path / "flight_recorder" / "rank1").rename(tmp_path / "flight_recorder" / "watchdog_rank1")
+    minddp_cli(["debug", str(tmp_path)])
+    assert "ranks [1] never called it" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- consistency

@@ -53,10 +53,14 @@ def _context_ok(c) -> bool:
 def load_dumps(run_dir) -> tuple[dict[int, dict], dict[int, dict]]:
     """({rank: torch's dump}, {rank: minddp's context}) from a run directory; DumpError names a
     file that is not one."""
-    dumps, contexts = {}, {}
-    for p in sorted((Path(run_dir) / "flight_recorder").glob("rank*")):
-        if p.name[4:].isdigit():
-            dumps[int(p.name[4:])] = _check_dump(p, _read(p, safe_pickle.load))
+    dumps, contexts, folder = {}, {}, Path(run_dir) / "flight_recorder"
+    # minddp's own dump first; nccl's watchdog writes watchdog_rank<r> on a timeout, and that
+    # one is all there is of a rank killed before minddp could dump
+    for prefix in ("rank", "watchdog_rank"):
+        for p in sorted(folder.glob(f"{prefix}*")):
+            r = p.name[len(prefix):]
+            if r.isdigit() and int(r) not in dumps:
+                dumps[int(r)] = _check_dump(p, _read(p, safe_pickle.load))
     for p in sorted((Path(run_dir) / "flight_recorder_context").glob("rank*.json")):
         c = _read(p, lambda q: json.loads(q.read_text()))
         if not _context_ok(c):
