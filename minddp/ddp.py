@@ -29,7 +29,7 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
 Everything else sits beside the engine behind a small seam, so this file is only the above:
-- how a bucket is reduced is a strategy object, `self.reduction` (minddp.comm_hooks:
+- how a bucket is reduced is a strategy object, `self.reduction` (minddp.reductions:
   all-reduce, 16-bit compressed all-reduce, a comm hook, ZeRO-1's reduce-scatter); the
   algorithm (native, ring, tree, ...) is its reducer's;
 - what is recorded (CommStats, host or CUDA-event timing, `trace`, profiler ranges) is the
@@ -66,8 +66,9 @@ from . import ddp_checks as checks
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
 from .collectives import broadcast_coalesced
-from .comm_hooks import BucketReducer, make_reduction
+from .comm_hooks import BucketReducer
 from .observer import CommStats, observer_for
+from .reductions import make_reduction
 from .usage import UsageFlags
 
 
