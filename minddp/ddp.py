@@ -104,7 +104,7 @@ class DistributedDataParallel(nn.Module):
         optimizer_overlap: bool = False,
     ):
         super().__init__()
-        compress = None if compress in ("none", "None", "") else compress
+        compress = checks.normalise_compress(compress)
         checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
                                find_unused_parameters, optimizer_overlap)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,

@@ -11,8 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .buckets import bucket_limits
-from .comm_hooks import BUILTIN_HOOKS
+from .comm_hooks import ALGORITHMS
 
 # module -> weakref to the live minddp wrapper that owns its hooks (a second wrapper is an error)
 OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
@@ -50,6 +49,45 @@ def check_same_model(module: nn.Module, trainable: list[str], group) -> None:
                     "on every rank before wrapping it.")
 
 
+def normalise_compress(compress):
+    """None for no compression, whichever way it was written ("none", "None", "" from a CLI)."""
+    return None if compress in ("none", "None", "") else compress
+
+
+def option_problems(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
+                    find_unused_parameters, optimizer_overlap, config: bool = False):
+    """The rules on DDP's own options, one line each naming the fix: the engine raises the first
+    (keyword names), the trainer's config reports them all (ddp.<key> names, `config=True`)."""
+    n = (lambda k: f"ddp.{k}") if config else (lambda k: k)  # noqa: E731
+    on = (lambda k: f"ddp.{k}=true") if config else (lambda k: f"{k}=True")  # noqa: E731
+    null, compress = ("null" if config else "None"), normalise_compress(compress)
+    if reduce_op not in ("avg", "sum"):
+        yield f"{n('reduce_op')} must be avg or sum, got {reduce_op!r}"
+    if compress not in (None, "fp16", "bf16"):
+        yield f"{n('compress')} must be {null}, fp16 or bf16, got {compress!r}"
+    if bucket_cap_mb is not None and not bucket_cap_mb > 0:  # NaN too
+        yield f"{n('bucket_cap_mb')} must be positive (or {null} for torch's default), got {bucket_cap_mb}"
+    if algorithm not in ALGORITHMS:
+        yield f"{n('algorithm')} must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
+    if shard_optimizer and compress is not None:
+        yield (f"{on('shard_optimizer')} does not combine with {n('compress')}={compress}: the shards are "
+               "reduce-scattered in the gradients' own dtype; drop one of the two")
+    if shard_optimizer and algorithm != "native":
+        native = "native" if config else "'native'"
+        yield (f"{on('shard_optimizer')} uses the backend's reduce-scatter; {n('algorithm')}={algorithm} "
+               f"only implements all-reduce: use {n('algorithm')}={native}")
+    if shard_optimizer and find_unused_parameters:
+        yield (f"{on('shard_optimizer')} does not support {on('find_unused_parameters')}: freeze unused "
+               "parameters with requires_grad_(False) instead")
+    if shard_optimizer and optimizer_overlap:
+        yield (f"{n('optimizer_overlap')} does not combine with {n('shard_optimizer')}: ZeRO-1 steps its "
+               "shard after backward (ShardedOptimizer.step()); choose one of the two")
+    if find_unused_parameters and optimizer_overlap:
+        yield (f"{n('optimizer_overlap')} does not combine with {on('find_unused_parameters')}: which "
+               "parameters some rank used is known only from the last bucket, after the first buckets "
+               "were stepped; freeze unused parameters with requires_grad_(False)")
+
+
 def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
                     find_unused_parameters, optimizer_overlap=False) -> None:
     if not (dist.is_available() and dist.is_initialized()):
@@ -57,20 +95,9 @@ def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorit
             "minddp.DistributedDataParallel needs an initialised process group: "
             "call minddp.init_distributed() (or torch.distributed.init_process_group) first"
         )
-    if reduce_op not in ("avg", "sum"):
-        raise ValueError(f"reduce_op must be 'avg' or 'sum', got {reduce_op!r}")
-    if compress not in BUILTIN_HOOKS:
-        raise ValueError(f"compress must be None, 'fp16' or 'bf16', got {compress!r}")
-    bucket_limits(bucket_cap_mb)  # raises on a non-positive cap
-    if shard_optimizer:
-        check_shardable(compress, algorithm, find_unused_parameters)
-    if shard_optimizer and optimizer_overlap:
-        raise ValueError("optimizer_overlap does not combine with shard_optimizer: ZeRO-1 steps its shard "
-                         "after backward (ShardedOptimizer.step()); choose one of the two")
-    if find_unused_parameters and optimizer_overlap:
-        raise ValueError("optimizer_overlap does not combine with find_unused_parameters=True: which "
-                         "parameters some rank used is known only from the last bucket, after the first "
-                         "buckets were stepped; freeze unused parameters with requires_grad_(False)")
+    for problem in option_problems(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
+                                   find_unused_parameters, optimizer_overlap):
+        raise ValueError(problem)
 
 
 def check_clip(optimizer_overlap: bool) -> None:
@@ -109,18 +136,6 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
             raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
                              "exactly the one device it lives on (move it with .to(device) first)")
     return process_group
-
-
-def check_shardable(compress, algorithm, find_unused_parameters) -> None:
-    if compress not in (None, "none", "None", ""):
-        raise ValueError(f"shard_optimizer does not combine with compress={compress!r}: the shards are "
-                         "reduce-scattered in the gradients' own dtype; drop one of the two")
-    if algorithm != "native":
-        raise ValueError(f"shard_optimizer uses the backend's reduce-scatter; algorithm={algorithm!r} "
-                         "only implements all-reduce: use algorithm='native'")
-    if find_unused_parameters:
-        raise ValueError("shard_optimizer does not support find_unused_parameters=True: freeze "
-                         "unused parameters with requires_grad_(False) instead")
 
 
 def check_not_wrapped(module: nn.Module, wrapper: type) -> None:

@@ -299,32 +299,15 @@ def _data_problems(cfg):
 
 def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
-    from ..comm_hooks import ALGORITHMS
+    from ..ddp_checks import option_problems
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
-    if d.bucket_cap_mb is not None and not d.bucket_cap_mb > 0:
-        yield f"ddp.bucket_cap_mb must be positive (or null for torch's default), got {d.bucket_cap_mb}"
-    if d.compress not in (None, "none", "fp16", "bf16"):
-        yield f"ddp.compress must be null, fp16 or bf16, got {d.compress!r}"
-    if d.algorithm not in ALGORITHMS:
-        yield f"ddp.algorithm must be one of {', '.join(ALGORITHMS)}, got {d.algorithm!r}"
-    if d.shard_optimizer and d.compress not in (None, "none"):
-        yield (f"ddp.shard_optimizer=true does not combine with ddp.compress={d.compress}: shards are "
-               "reduce-scattered in the gradients' dtype; drop one of the two")
-    if d.shard_optimizer and d.algorithm != "native":
-        yield f"ddp.shard_optimizer=true needs ddp.algorithm=native (got {d.algorithm!r})"
-    if d.shard_optimizer and d.find_unused_parameters:
-        yield ("ddp.shard_optimizer=true does not support ddp.find_unused_parameters=true: "
-               "freeze unused parameters instead")
-    if d.optimizer_overlap and (d.shard_optimizer or d.find_unused_parameters):
-        yield ("ddp.optimizer_overlap=true does not combine with ddp.shard_optimizer=true or "
-               "ddp.find_unused_parameters=true: choose one")
+    yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,
+                               d.find_unused_parameters, d.optimizer_overlap, config=True)  # the engine's
     if d.optimizer_overlap and (o.grad_clip > 0 or t.on_nonfinite == "skip"):
         yield (f"ddp.optimizer_overlap=true needs optim.grad_clip=0 train.on_nonfinite=stop (add both; got "
                f"{o.grad_clip} and {t.on_nonfinite}): it steps each bucket before the global gradient norm "
                "is known, so it can neither clip by it nor skip a step already taken")
-    if d.reduce_op not in ("avg", "sum"):
-        yield f"ddp.reduce_op must be avg or sum, got {d.reduce_op!r}"
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):
         yield f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}"
     if min(m.n_embd, m.block_size, 1 if m.vocab_size is None else m.vocab_size, m.n_layer) < 1:
