@@ -121,21 +121,10 @@ class Bucket:
         return self.buffer[self.offsets[k] : self.offsets[k] + self.numels[k]].view(shape)
 
 
-def make_buckets(
-    params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0, pad_to: int = 1
-) -> list[Bucket]:
-    """Allocate one zeroed flat buffer per bucket.
-
-    `tail_numel` extra elements are appended to the last bucket; the engine uses
-    them to tell every rank which parameters were unused on some rank, without
-    an extra collective (see ddp.py). Every buffer's length is padded to a multiple of
-    `pad_to` (the world size, when buckets are reduce-scattered into equal shards).
-    """
-    return [_make_bucket(params, b, ids, tail_numel if b == len(assignment) - 1 else 0, pad_to)
-            for b, ids in enumerate(assignment)]
-
-
 def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int) -> Bucket:
+    """One zeroed flat buffer for parameters `ids`, `extra` elements after them (the last
+    bucket's usage flags, minddp.usage), its length padded to a multiple of `pad_to` (the
+    world size, when buckets are reduce-scattered into equal shards)."""
     offsets, numels, pos = [], [], 0
     for i in ids:
         offsets.append(pos)

@@ -28,6 +28,10 @@ import math
 import re
 from dataclasses import dataclass
 
+import torch
+
+from .buckets import TensorSpec, assign_buckets
+
 
 def ring_all_reduce_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     return 0.0 if n <= 1 else 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta
@@ -240,39 +244,30 @@ def simulate_buckets(bucket_bytes: list[float], alone_s: list[float], backward_s
 
 
 def bucket_bytes(total: float, cap_mb: float | None, tensor_bytes: float | None = None) -> list[float]:
-    """Bucket sizes under torch's rule (a bucket closes once it reaches the cap; 1 MiB first
-    when no cap is given), for `total` bytes in tensors of about `tensor_bytes` each."""
-    cap = (25.0 if cap_mb is None else cap_mb) * 2**20
-    first = 2**20 if cap_mb is None else cap
-    step = tensor_bytes or total / 100
-    sizes, current, limit, left = [], 0.0, first, total
-    while left > 0:
-        t = min(step, left)
-        current += t
-        left -= t
-        if current >= limit:
-            sizes.append(current)
-            current, limit = 0.0, cap
-    return sizes + ([current] if current else [])
+    """Bucket sizes for `total` bytes in fp32 tensors of about `tensor_bytes` each (100 tensors
+    if not given), planned by the engine's own rule (minddp.buckets.assign_buckets: MiB, a
+    bucket closes once it reaches the cap, 1 MiB first when no cap is given)."""
+    step = int(tensor_bytes or total / 100) // 4 * 4 or 4
+    n, rest = divmod(int(total), step)
+    numels = [step // 4] * n + ([max(1, rest // 4)] if rest >= 4 else [])
+    specs = [TensorSpec(k, torch.float32, torch.device("cpu")) for k in numels]
+    plan = assign_buckets(specs, list(range(len(specs))), cap_mb)
+    return [float(sum(specs[i].nbytes for i in ids)) for ids in plan]
 
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp64": 8}
 
 
-def ddp_comm_time(n_params: float, bytes_per_param: int, bucket_mb: float, world: int,
-                  alpha: float, beta: float, first_bucket_mb: float = 1.0) -> dict:
-    """Gradient all-reduce of one DDP step: one ring all-reduce per bucket."""
+def ddp_comm_time(n_params: float, bytes_per_param: int, bucket_mb: float | None, world: int,
+                  alpha: float, beta: float, tensor_bytes: float | None = None) -> dict:
+    """Gradient all-reduce of one DDP step: one ring all-reduce per bucket, the buckets the
+    engine would build (bucket_bytes)."""
     total = n_params * bytes_per_param
-    cap, first = bucket_mb * 1e6, min(first_bucket_mb, bucket_mb) * 1e6
-    sizes = [min(first, total)]
-    left = total - sizes[0]
-    while left > 0:
-        sizes.append(min(cap, left))
-        left -= sizes[-1]
+    sizes = bucket_bytes(total, bucket_mb, tensor_bytes)
     ca, cb = coefficients("all_reduce", world) if world > 1 else (0, 0)
     latency = len(sizes) * ca * alpha
     bandwidth = sum(cb * s / beta for s in sizes)
-    return {"buckets": len(sizes), "bytes": total, "latency_s": latency, "bandwidth_s": bandwidth,
+    return {"buckets": len(sizes), "bytes": sum(sizes), "latency_s": latency, "bandwidth_s": bandwidth,
             "total_s": latency + bandwidth,
             "last_bucket_s": ring_all_reduce_time(sizes[-1], world, alpha, beta)}
 

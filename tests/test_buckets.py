@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp.buckets import MiB, TensorSpec, assign_buckets, bucket_limits, make_buckets
+from minddp.buckets import Layout, MiB, TensorSpec, assign_buckets, bucket_limits
 
 CPU = torch.device("cpu")
 
@@ -73,7 +73,7 @@ def test_rejects_nonpositive_cap():
 
 def test_flat_buffer_views_cover_parameters_and_tail():
     params = [torch.zeros(2, 3), torch.zeros(4), torch.zeros(5)]
-    buckets = make_buckets(params, [[2, 1], [0]], tail_numel=3)
+    buckets = Layout(params, [[2, 1], [0]], tail_numel=3).buckets
     assert buckets[0].buffer.numel() == 9 and buckets[1].buffer.numel() == 6 + 3
     v = buckets[1].view(0, params[0].shape)
     v.fill_(7)

@@ -39,8 +39,12 @@ def test_busbw_factors():
 
 
 def test_ddp_estimate_and_best_bucket():
-    c = cm.ddp_comm_time(100e6, 4, 25, 8, 10e-6, 10e9)  # 400 MB: 1 MB first bucket, then 25 MB ones
-    assert c["buckets"] == 1 + math.ceil(399 / 25)
+    c = cm.ddp_comm_time(100e6, 4, 25, 8, 10e-6, 10e9)  # 400 MB in 4 MB tensors, cap 25 MiB
+    assert c["buckets"] == math.ceil(100 / 7)  # torch's rule: a bucket closes at 7 x 4 MB >= 25 MiB
+    sizes = cm.bucket_bytes(400e6, 25)
+    assert all(s >= 25 * 2**20 for s in sizes[:-1]) and sum(sizes) == pytest.approx(400e6)
+    assert cm.bucket_bytes(400e6, None)[0] == 4e6  # no cap given: the first closes at 1 MiB (one tensor)
+    assert cm.bucket_bytes(400e6, None, 0.4e6)[0] == pytest.approx(1.2e6)  # 3 x 0.4 MB >= 1 MiB
     assert c["latency_s"] == pytest.approx(c["buckets"] * 14 * 10e-6)
     assert c["bandwidth_s"] == pytest.approx(2 * 7 / 8 * 400e6 / 10e9)
     assert c["total_s"] == pytest.approx(c["latency_s"] + c["bandwidth_s"])
