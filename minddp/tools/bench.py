@@ -47,77 +47,110 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
           "float16": torch.float16}
 
 
+class _Inputs:
+    """One size's buffers on known values (small integers: exact in every dtype), so a check
+    can count the wrong elements after one call."""
+
+    def __init__(self, nbytes: int, dtype, n: int, r: int, device):
+        esize = torch.empty((), dtype=dtype).element_size()
+        self.count = max(n, nbytes // esize // n * n)  # a multiple of n elements
+        self.n, self.r, self.per, self.dtype, self.device = n, r, self.count // n, dtype, device
+        self.x = torch.ones(self.count, dtype=dtype, device=device)
+        self.pos = torch.arange(self.count, device=device) % 3
+        self.block = torch.arange(self.count, device=device) // self.per  # whose slice an element is in
+        self.mine = slice(r * self.per, (r + 1) * self.per)
+
+    def summed(self, pos=None):  # what a sum of pos + rank + 1 over the ranks gives
+        pos = self.pos if pos is None else pos
+        return (self.n * pos + self.n * (self.n + 1) / 2).to(self.dtype)
+
+    def wrong(self, got, want) -> int:
+        return (got != want.to(self.dtype)).sum().item()
+
+
+def _sum_of_ranks(c: _Inputs, fn, got=None, want=None):
+    """(fn, check) for a reduction of pos + rank + 1: `got` (default the whole buffer) must hold
+    `want` (default the sum everywhere)."""
+    def check():
+        c.x.copy_(c.pos + c.r + 1)
+        fn()
+        return c.wrong(c.x if got is None else got(), c.summed() if want is None else want())
+    return fn, check
+
+
+def _gathered(c: _Inputs, fn, fill):
+    """(fn, check) for a gather: after `fill()`, every element must be its owner's rank + 1."""
+    def check():
+        fill()
+        fn()
+        return c.wrong(c.x, c.block + 1)
+    return fn, check
+
+
+def _reduce_scatter(c):
+    out = torch.empty(c.per, dtype=c.dtype, device=c.device)
+    return _sum_of_ranks(c, lambda: dist.reduce_scatter_tensor(out, c.x), lambda: out,
+                         lambda: c.summed(c.pos[c.mine]))
+
+
+def _all_gather(c):
+    mine = torch.empty(c.per, dtype=c.dtype, device=c.device)
+    return _gathered(c, lambda: dist.all_gather_into_tensor(c.x, mine), lambda: mine.fill_(c.r + 1))
+
+
+def _zero1_all_gather(c):
+    def fill():
+        c.x.fill_(-1)
+        c.x[c.mine] = c.r + 1
+    return _gathered(c, lambda: C.all_gather_in_place(c.x, dist.group.WORLD).wait(), fill)
+
+
+def _broadcast(c):
+    def check():
+        c.x.copy_(c.pos + c.r)
+        fn()
+        return c.wrong(c.x, c.pos)
+    fn = lambda: dist.broadcast(c.x, src=0)  # noqa: E731
+    return fn, check
+
+
+def _all_to_all(c):
+    out = torch.empty_like(c.x)
+    fn = lambda: dist.all_to_all_single(out, c.x)  # noqa: E731
+
+    def check():
+        c.x.copy_(c.block * 10 + c.r)  # block j of rank r: 10j + r
+        fn()
+        return c.wrong(out, c.r * 10 + c.block)
+    return fn, check
+
+
+# op -> (fn, check) builder over _Inputs
+_CASES = {
+    "all_reduce": lambda c: _sum_of_ranks(c, lambda: dist.all_reduce(c.x)),
+    "ring_all_reduce": lambda c: _sum_of_ranks(c, lambda: C.ring_all_reduce(c.x)),
+    "rs_ag_all_reduce": lambda c: _sum_of_ranks(c, lambda: C.all_reduce_via_rs_ag(c.x)),
+    "tree_all_reduce": lambda c: _sum_of_ranks(c, lambda: C.tree_all_reduce(c.x)),
+    "reduce_scatter": _reduce_scatter,
+    "zero1_reduce_scatter": lambda c: _sum_of_ranks(  # the engine's own: in place, this rank's slice
+        c, lambda: C.reduce_scatter_in_place(c.x, dist.group.WORLD, dist.ReduceOp.SUM).wait(),
+        lambda: c.x[c.mine], lambda: c.summed(c.pos[c.mine])),
+    "zero1_all_gather": _zero1_all_gather,
+    "all_gather": _all_gather,
+    "broadcast": _broadcast,
+    "reduce": lambda c: _sum_of_ranks(c, lambda: dist.reduce(c.x, dst=0), lambda: c.x,
+                                      lambda: c.summed() if c.r == 0 else c.x),
+    "all_to_all": _all_to_all,
+}
+
+
 def _setup(op: str, nbytes: int, dtype, n: int, r: int, device=None):
-    """(callable, check) for one size: check() runs one call on known inputs, returns #wrong."""
-    esize = torch.empty((), dtype=dtype).element_size()
-    count = max(n, nbytes // esize // n * n)  # a multiple of n elements
-    x = torch.ones(count, dtype=dtype, device=device)
-    per = count // n
-    pos = torch.arange(count, device=device) % 3  # small integers: exact in every dtype
-    if op == "all_reduce":
-        fn = lambda: dist.all_reduce(x)  # noqa: E731
-        def check():
-            x.copy_(pos + r + 1)
-            fn()
-            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
-    elif op in ("ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce"):
-        impl = {"ring_all_reduce": C.ring_all_reduce, "rs_ag_all_reduce": C.all_reduce_via_rs_ag,
-                "tree_all_reduce": C.tree_all_reduce}[op]
-        fn = lambda: impl(x)  # noqa: E731
-        def check():
-            x.copy_(pos + r + 1)
-            fn()
-            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item()
-    elif op == "reduce_scatter":
-        out = torch.empty(per, dtype=dtype, device=device)
-        fn = lambda: dist.reduce_scatter_tensor(out, x)  # noqa: E731
-        def check():
-            x.copy_(pos + r + 1)
-            fn()
-            return (out != (n * pos[r * per:(r + 1) * per] + n * (n + 1) / 2).to(dtype)).sum().item()
-    elif op == "zero1_reduce_scatter":  # the engine's own: in place, this rank's slice reduced
-        fn = lambda: C.reduce_scatter_in_place(x, dist.group.WORLD, dist.ReduceOp.SUM).wait()  # noqa: E731
-        def check():
-            x.copy_(pos + r + 1)
-            fn()
-            mine = slice(r * per, (r + 1) * per)
-            return (x[mine] != (n * pos[mine] + n * (n + 1) / 2).to(dtype)).sum().item()
-    elif op == "zero1_all_gather":
-        fn = lambda: C.all_gather_in_place(x, dist.group.WORLD).wait()  # noqa: E731
-        def check():
-            x.fill_(-1)
-            x[r * per:(r + 1) * per] = r + 1
-            fn()
-            return (x != (torch.arange(count, device=device) // per + 1).to(dtype)).sum().item()
-    elif op == "all_gather":
-        mine = torch.empty(per, dtype=dtype, device=device)
-        fn = lambda: dist.all_gather_into_tensor(x, mine)  # noqa: E731
-        def check():
-            mine.fill_(r + 1)
-            fn()
-            return (x != (torch.arange(count, device=device) // per + 1).to(dtype)).sum().item()
-    elif op == "broadcast":
-        fn = lambda: dist.broadcast(x, src=0)  # noqa: E731
-        def check():
-            x.copy_(pos + r)
-            fn()
-            return (x != pos.to(dtype)).sum().item()
-    elif op == "reduce":
-        fn = lambda: dist.reduce(x, dst=0)  # noqa: E731
-        def check():
-            x.copy_(pos + r + 1)
-            fn()
-            return (x != (n * pos + n * (n + 1) / 2).to(dtype)).sum().item() if r == 0 else 0
-    elif op == "all_to_all":
-        out = torch.empty_like(x)
-        fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
-        def check():
-            x.copy_(torch.arange(count, device=device) // per * 10 + r)  # block j of rank r: 10j + r
-            fn()
-            return (out != (r * 10 + torch.arange(count, device=device) // per).to(dtype)).sum().item()
-    else:
+    """(element count, callable, check) for one size: check() runs one call on known inputs and
+    returns the number of wrong elements."""
+    if op not in _CASES:
         raise ValueError(f"unknown op {op!r}; one of {OPS}")
-    return count, fn, check
+    c = _Inputs(nbytes, dtype, n, r, device)
+    return (c.count, *_CASES[op](c))
 
 
 def run_op(op, sizes, dtype, warmup, iters, device=None):

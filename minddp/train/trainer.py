@@ -15,10 +15,8 @@ not depend on the number of processes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 import resource
 import time
 from dataclasses import dataclass
@@ -34,57 +32,19 @@ from .. import tensor_parallel as tp
 from ..ddp import DistributedDataParallel
 from ..dist import init_distributed
 from ..mesh import Mesh
-from ..optim import ReplicatedOptimizer
-from ..overlap import OverlappedOptimizer
-from ..zero import ShardedOptimizer
 from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
 from .atomic import atomic_write
+from .build import build_model, build_optimizer, lr_factor, run_name  # noqa: F401 - also importable here
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
 from .faults import Faults
 from .guard import SkipGuard
-from .model import GPT, MLP, GPTConfig, MLPConfig
 from .signals import StopRequest
 from .steptrace import StepTrace
 from .tracking import NullTracker, Tracker
 
 log = logging.getLogger("minddp")
-
-
-def build_model(m, vocab_size: int) -> torch.nn.Module:
-    """The model for a `model=` config group (its schema is the model's own config + name)."""
-    cls, cfg_cls = (GPT, GPTConfig) if m.name == "gpt" else (MLP, MLPConfig)
-    kwargs = {f.name: m[f.name] for f in dataclasses.fields(cfg_cls)}
-    return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
-
-
-def build_optimizer(model, o, device: torch.device, ddp=None, tp_group=None, tp_size: int = 1):
-    """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters);
-    no weight decay on biases, norms and other vectors (GPT-2 practice); replicated, sharded
-    (ZeRO-1, ddp.shard_optimizer) or stepped per bucket (ddp.optimizer_overlap), each with
-    minddp.optim's protocol."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    kwargs = {"lr": o.lr, "betas": (o.beta1, o.beta2), "tp_group": tp_group, "tp_size": tp_size,
-              "fused": device.type in ("cpu", "cuda")}  # where torch has the kernel
-    kind = (ShardedOptimizer if ddp is not None and ddp.shard_optimizer else
-            OverlappedOptimizer if ddp is not None and ddp.optimizer_overlap else ReplicatedOptimizer)
-    return kind(ddp, torch.optim.AdamW, groups, **kwargs)
-
-
-def lr_factor(step: int, o, max_steps: int) -> float:
-    """Linear warmup, then cosine decay from lr to min_lr at max_steps (a factor of lr)."""
-    if step < o.warmup_steps:
-        return (step + 1) / o.warmup_steps
-    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
-    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr
-
-
-def run_name(cfg, world_size: int, dims) -> str:
-    return cfg.wandb.name or (f"{cfg.model.name}-ws{world_size}-dp{dims.dp}-tp{dims.tp}"
-                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb or 25:g}")
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""What a run is made of, built from its config: the model, the optimizer, the LR schedule, the name."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..optim import ReplicatedOptimizer
+from ..overlap import OverlappedOptimizer
+from ..zero import ShardedOptimizer
+from .model import GPT, MLP, GPTConfig, MLPConfig
+
+
+def build_model(m, vocab_size: int) -> torch.nn.Module:
+    """The model for a `model=` config group (its schema is the model's own config + name)."""
+    cls, cfg_cls = (GPT, GPTConfig) if m.name == "gpt" else (MLP, MLPConfig)
+    kwargs = {f.name: m[f.name] for f in dataclasses.fields(cfg_cls)}
+    return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
+
+
+def build_optimizer(model, o, device: torch.device, ddp=None, tp_group=None, tp_size: int = 1):
+    """AdamW, fused where torch has the kernel (CPU and CUDA: one pass over all parameters);
+    no weight decay on biases, norms and other vectors (GPT-2 practice); replicated, sharded
+    (ZeRO-1, ddp.shard_optimizer) or stepped per bucket (ddp.optimizer_overlap), each with
+    minddp.optim's protocol."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    kwargs = {"lr": o.lr, "betas": (o.beta1, o.beta2), "tp_group": tp_group, "tp_size": tp_size,
+              "fused": device.type in ("cpu", "cuda")}  # where torch has the kernel
+    kind = (ShardedOptimizer if ddp is not None and ddp.shard_optimizer else
+            OverlappedOptimizer if ddp is not None and ddp.optimizer_overlap else ReplicatedOptimizer)
+    return kind(ddp, torch.optim.AdamW, groups, **kwargs)
+
+
+def lr_factor(step: int, o, max_steps: int) -> float:
+    """Linear warmup, then cosine decay from lr to min_lr at max_steps (a factor of lr)."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
+    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr
+
+
+def run_name(cfg, world_size: int, dims) -> str:
+    return cfg.wandb.name or (f"{cfg.model.name}-ws{world_size}-dp{dims.dp}-tp{dims.tp}"
+                              f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb or 25:g}")
