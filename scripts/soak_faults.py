@@ -1,4 +1,4 @@
-"""make soak-faults: the faults that lose runs, on real 2-rank torchrun jobs (issue 22).
+"""make soak-faults: the faults that lose runs, on real 2-rank torchrun jobs.
 
 1. disk full: the run dir on a small tmpfs that fills up mid-run (a filler file leaves room for
    one and a half checkpoints, saved every 4 steps): the second save fails with

@@ -36,3 +36,13 @@ def test_the_engine_stays_small_enough_to_read():
     lines = lambda paths: sum(len(p.read_text().splitlines()) for p in paths)  # noqa: E731
     assert lines([ROOT / "minddp" / "train" / "trainer.py"]) <= 350
     assert lines((ROOT / "minddp" / "tools").glob("*.py")) < lines((ROOT / "minddp").glob("*.py"))
+
+
+def test_no_tracker_words_in_what_a_user_sees():
+    import re
+
+    paths = [*(ROOT / "minddp").rglob("*.py"), *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "scripts").glob("*.py"), ROOT / "README.md", ROOT / "Makefile"]
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in paths
+            for m in re.finditer(r"(?i)\bissues? #?\d+", p.read_text())]
+    assert not hits, hits
