@@ -19,4 +19,4 @@ __all__ = [
     "bf16_compress_hook",
     "fp16_compress_hook",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
