@@ -41,9 +41,11 @@ def test_every_setting_checkable_without_processes_is_checked_in_validate(overri
         validate(_cfg(override), 1)
 
 
-def test_the_defaults_validate():
-    validate(_cfg(), 1)
-    validate(_cfg(), 2)
+def test_the_defaults_validate_and_keep_the_global_batch_fixed():
+    one, two = validate(_cfg(), 1), validate(_cfg(), 2)  # global batch 32, micro-batch 8
+    assert (one["dims"].dp, one["accum"]) == (1, 4)
+    assert (two["dims"].dp, two["accum"]) == (2, 2)  # accumulation divided by the world size
+    assert validate(_cfg("mesh.tp=2"), 2)["dims"].tp == 2
 
 
 @pytest.mark.slow
