@@ -39,6 +39,7 @@ from .. import collectives as C
 from ..costmodel import busbw_factor, coefficients, parse_size, simulate_buckets
 from .cli import start, timed
 from .scaling import STUDY_BATCH, STUDY_GPT
+from .workload import lm_loss
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
        "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce",
@@ -222,7 +223,6 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
     communication on these cores."""
     import time
 
-    import torch.nn.functional as F
 
 
     model, x = _study_gpt(device, model_cfg or FLOOR_MODEL, batch)
@@ -230,7 +230,7 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
     alone, busy = [], []
     for _ in range(reps):
         alone.append(timed(lambda: dist.all_reduce(buf), device))
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        loss = lm_loss(model, x)
         dist.barrier()
         done = []
         t0 = time.perf_counter()
@@ -266,7 +266,6 @@ def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: f
     the busy time per bucket launched under backward is what noticing completions costs (a
     callback that needs the GIL backward holds). The last bucket is launched when backward
     ends and is noticed at once: it is not counted."""
-    import torch.nn.functional as F
 
     from ..ddp import DistributedDataParallel
 
@@ -276,7 +275,7 @@ def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: f
     ddp = DistributedDataParallel(model, process_group=groups[dist.get_rank()], bucket_cap_mb=cap_mb)
     per, buckets = [], 0
     for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
-        F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        lm_loss(ddp, x).backward()
         s = ddp.comm_stats
         buckets = s.num_collectives
         if r >= 2 and buckets > 1:
@@ -302,8 +301,6 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
     the ranks' skew. Also measured: backward's share of forward + backward."""
     import time
 
-    import torch.nn.functional as F
-
     from ..costmodel import BUCKET_OPS
     from ..ddp import DistributedDataParallel
 
@@ -315,7 +312,7 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
         busy, backward, forward = [], [], []
         for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
             t0 = time.perf_counter()
-            loss = F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            loss = lm_loss(ddp, x)
             t1 = time.perf_counter()
             loss.backward()
             s = ddp.comm_stats

@@ -28,19 +28,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-from torch.nn import functional as F
 
 from .. import _compat
 from ..ddp import DistributedDataParallel
-from ..train.model import GPT, GPTConfig, num_params
+from ..overlap import OverlappedOptimizer
+from ..train.model import GPT, num_params
 from ..zero import ShardedOptimizer
 from .cli import PhaseClock, ranks_phrase, start, sync, timed
+from .workload import bench_gpt, lm_loss
 
 
 def step(model, opt, x) -> float:
     def work():
         opt.zero_grad()
-        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        lm_loss(model, x).backward()
         opt.step()
 
     return timed(work, x.device)
@@ -85,21 +86,13 @@ def optimizer_configs(base, cap):
                ("torch DDP + ZeroRedundancyOptimizer", theirs_zero,
                 ZeroRedundancyOptimizer(theirs_zero.parameters(), optimizer_class=AdamW, **adamw))]
     overlap = overlap_config(base, cap, adamw)
-    return configs + ([overlap] if overlap else [])
+    return configs + [overlap]
 
 
 def overlap_config(base, cap, adamw):
-    """minddp with the optimizer stepped per bucket as its reduction completes, where the engine
-    has it (`optimizer_overlap`); None otherwise."""
-    import inspect
-
-    from .. import zero
-
-    if ("optimizer_overlap" not in inspect.signature(DistributedDataParallel.__init__).parameters
-            or not hasattr(zero, "OverlappedOptimizer")):
-        return None
+    """minddp with the optimizer stepped per bucket as its reduction completes (`optimizer_overlap`)."""
     model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, optimizer_overlap=True)
-    return ("minddp optimizer_overlap", model, zero.OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
+    return ("minddp optimizer_overlap", model, OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
 
 
 def phased_step(model, opt, x) -> tuple[float, float, float]:
@@ -108,7 +101,7 @@ def phased_step(model, opt, x) -> tuple[float, float, float]:
     opt.zero_grad()
     sync(x.device)
     clock = PhaseClock(x.device)
-    loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    loss = lm_loss(model, x)
     clock.mark("forward")
     loss.backward()
     clock.mark("backward")
@@ -136,9 +129,9 @@ def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[flo
 
 
 def state_bytes(opt) -> int:
-    if isinstance(opt, ShardedOptimizer):
-        return opt.state_bytes()
-    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer there
+    """Optimizer state held on this rank (minddp's optimizers and ZeroRedundancyOptimizer keep the
+    torch optimizer, a shard's under ZeRO-1, in .optim)."""
+    inner = getattr(opt, "optim", opt)
     return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
                if isinstance(v, torch.Tensor))
 
@@ -171,7 +164,7 @@ def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
     times = {k: [] for k in models}
     for r in range(reps + 2):
         for name, m in models.items():
-            loss = F.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            loss = lm_loss(m, x)
             seconds = timed(loss.backward, x.device)
             if r >= 2:
                 times[name].append(seconds)
@@ -203,7 +196,7 @@ def main() -> None:
     device = start(args.backend, pin=True).device
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
+    cfg = bench_gpt(args.n_layer, args.n_embd)
     base = GPT(cfg).to(device)
     caps = [float(c) for c in args.caps.split(",")]
     configs = []  # (label, cap, model)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ..train.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
 from .cli import PhaseClock, start, sync
+from .workload import bench_gpt, lm_loss
 
 
 def compiled(model, how: str):
@@ -32,10 +33,9 @@ def compiled(model, how: str):
 
 
 def main(argv=None) -> None:
-    from torch.nn import functional as F
 
     from ..ddp import DistributedDataParallel
-    from ..train.model import GPT, GPTConfig
+    from ..train.model import GPT
 
     ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     if args.zero1:
         return zero1_timeline(args, device)
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
+    cfg = bench_gpt(args.n_layer, args.n_embd)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
     traces = {}
@@ -70,7 +70,7 @@ def main(argv=None) -> None:
             dist.barrier()
             tr.start()
             t = time.perf_counter()  # spans end after a CUDA sync: the work, not its launch
-            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            loss = lm_loss(model, x)
             sync(device)
             tr.span("forward", t, t := time.perf_counter())
             loss.backward()
@@ -87,6 +87,7 @@ def main(argv=None) -> None:
         traces[label] = gather(trace)
     if dist.get_rank() == 0:
         print("wrote", *write(traces, args.out))
+    dist.barrier()  # leave together: a rank tearing its group down early can abort a peer's gloo
     dist.destroy_process_group()
 
 
@@ -94,19 +95,18 @@ def zero1_timeline(args, device) -> None:
     """One ZeRO-1 optimizer step and the forward and backward after it: each bucket's
     all-gather from its launch in the step to its completion, the waits it cost the forward
     (exposed all-gather), and the next backward's reduce-scatters."""
-    from torch.nn import functional as F
 
     from ..ddp import DistributedDataParallel
-    from ..train.model import GPT, GPTConfig
+    from ..train.model import GPT
     from ..zero import ShardedOptimizer
 
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=args.n_layer, n_head=6, n_embd=args.n_embd, block_size=128)
+    cfg = bench_gpt(args.n_layer, args.n_embd)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
     model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, shard_optimizer=True)
     opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-4, fused=device.type in ("cpu", "cuda"))
-    loss_of = lambda: F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())  # noqa: E731
+    loss_of = lambda: lm_loss(model, x)  # noqa: E731
     for _ in range(3):  # warm-up (the first rebuilds the buckets); the last backward is traced below
         opt.zero_grad()
         loss_of().backward()
@@ -133,6 +133,7 @@ def zero1_timeline(args, device) -> None:
     if dist.get_rank() == 0:
         print("wrote", *write({label: per_rank}, args.out))
         print(zero1_summary(per_rank))
+    dist.barrier()  # leave together: a rank tearing its group down early can abort a peer's gloo
     dist.destroy_process_group()
 
 
