@@ -86,7 +86,7 @@ class Observer:
         if self._t_first_launch is None:
             self._t_first_launch = now
         self._t_launch[b] = now
-        self._note("launch", b, now)
+        self.note("launch", b, now)
         if _compat.profiler_enabled():  # a named range in torch.profiler traces
             self._range = torch.profiler.record_function(f"minddp: bucket {b} {kind} ({nbytes} B)")
             self._range.__enter__()
@@ -116,9 +116,9 @@ class Observer:
 
     def _mark_done(self, b: int) -> None:
         self._t_last_done = self._t_done[b] = time.perf_counter()
-        self._note("done", b, self._t_last_done)
+        self.note("done", b, self._t_last_done)
 
-    def _note(self, event: str, b, t: float) -> None:
+    def note(self, event: str, b, t: float) -> None:
         if self.trace is not None:
             self.trace.append((event, b, t))
 
@@ -204,9 +204,9 @@ class CudaObserver(Observer):
     def done(self, b: int) -> None:
         pass
 
-    def _note(self, event: str, b, t: float) -> None:
+    def note(self, event: str, b, t: float) -> None:
         if event not in ("launch", "done"):  # those come from the events (wait_end)
-            super()._note(event, b, t)
+            super().note(event, b, t)
 
     def backward_end(self, launched_in_backward: int) -> None:
         super().backward_end(launched_in_backward)
