@@ -136,7 +136,7 @@ def check_trainer(gpus: int, out: Path) -> bool:
     ok, t = run("trainer_resume", torchrun(gpus, "train.py", *base, "train.max_steps=60",
                                           "train.resume=auto"), out, 240, env)
     steps = [r["step"] for r in metrics(run_dir)]
-    resumed = ok and steps[-1] == 60 and 50 in steps and steps.count(10) == 1
+    resumed = ok and bool(steps) and steps[-1] == 60 and 50 in steps and steps.count(10) == 1
     return good & verdict("resume from a GPU checkpoint", resumed,
                           f"steps logged {steps[:3]}...{steps[-3:]}; {t}")
 
