@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from . import tensor_parallel as tp
+from .optim import ReplicatedOptimizer
 
 
-class OverlappedOptimizer:
+class OverlappedOptimizer(ReplicatedOptimizer):
     """The optimizer step overlapped with communication (`DDP(..., optimizer_overlap=True)`).
 
         ddp = minddp.DDP(model, optimizer_overlap=True)
@@ -38,19 +38,11 @@ class OverlappedOptimizer:
         if not getattr(ddp, "optimizer_overlap", False):
             raise ValueError("OverlappedOptimizer needs the engine built with "
                              "DDP(..., optimizer_overlap=True)")
-        self.ddp, self.tp_group, self.tp_size = ddp, tp_group, tp_size
-        self.optim = optimizer_class(params if params is not None else ddp.module.parameters(), **defaults)
+        super().__init__(ddp, optimizer_class, params if params is not None else ddp.module.parameters(),
+                         tp_group, tp_size, **defaults)
         self._cuts: dict[int, list[list[list]]] = {}  # layout version -> per bucket, per group: params
         self.steps_taken = 0  # bucket steps since the last step() call
         ddp.on_reduced(self._step_bucket)
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @property
-    def state(self):
-        return self.optim.state
 
     def _bucket_cut(self, b: int) -> list[list]:
         layout = self.ddp.layout
@@ -85,29 +77,5 @@ class OverlappedOptimizer:
             raise ValueError("OverlappedOptimizer steps inside backward: a closure cannot be re-evaluated")
         self.steps_taken = 0
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none=set_to_none)
-
-    def grad_norm(self) -> torch.Tensor:
-        """The norm of the reduced gradients (the parameters have already been stepped)."""
-        if self.tp_size > 1:
-            return tp.grad_norm(list(self.ddp.module.parameters()), self.tp_group, self.tp_size)
-        return self.ddp.grad_norm()
-
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return self.ddp.clip_grad_norm_(max_norm)  # refused, naming why (ddp_checks.check_clip)
-
-    def wait_params(self) -> None:
-        pass  # the parameters are stepped in place, nothing is in flight
-
-    exposed_gather_s = None  # no all-gather (ZeRO-1's)
-
-    def original_params(self) -> list[torch.Tensor]:
-        """The parameters in the order of the state dict's indices (torch's: group order)."""
-        return [p for g in self.optim.param_groups for p in g["params"]]
-
-    def state_dict(self) -> dict:
-        return self.optim.state_dict()
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.optim.load_state_dict(sd)
