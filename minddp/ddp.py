@@ -23,7 +23,7 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
    the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). Callbacks
    registered with `on_reduced(fn)` run with b right after bucket b's wait, while later
    buckets are still in flight (minddp.overlap.OverlappedOptimizer steps bucket b there);
-   those registered with `on_rebuild(fn)` run before a rebuild drops the old buffers
+   those registered with `on_rebuild(fn)` run with the old layout before a rebuild drops it
    (minddp.zero.ShardedOptimizer lets go of its views there).
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
@@ -159,7 +159,7 @@ class DistributedDataParallel(nn.Module):
         assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap)
         version = self.layout.version + 1 if self.layout is not None else 1
         for fn in self._rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
-            fn()
+            fn(self.layout)
         self.layout = None
         self.reduction.bind(None)  # let each old buffer go once its last gradient has moved
         shards = self.reduction.pad_to
@@ -317,7 +317,7 @@ class DistributedDataParallel(nn.Module):
         self._reduced_callbacks.append(fn)
 
     def on_rebuild(self, fn) -> None:
-        """Call fn() before the buckets are rebuilt: views of the old buffers must be let go."""
+        """Call fn(layout) before `layout`'s buckets are rebuilt: views of its buffers must go."""
         self._rebuild_callbacks.append(fn)
 
     def register_comm_hook(self, state, hook) -> None:

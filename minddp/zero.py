@@ -110,8 +110,8 @@ class ShardedOptimizer:
                     groups[group_of[i]]["params"].append(seg.tensor)
         self._version = layout.version
 
-    def _release(self) -> None:
-        """Before the engine's one rebuild: let go of the views of the old buffers, so each is
+    def _release(self, layout=None) -> None:
+        """Before the engine's one rebuild of `layout`: let go of the views of its buffers, so each is
         freed as soon as its parameters have moved (no second copy of parameters or gradients)."""
         if any(self.optim.state.values()):
             raise RuntimeError("the engine's bucket layout changed after the optimizer had state")

@@ -149,6 +149,22 @@ def test_buckets_rebuilt_once_in_observed_ready_order():
         assert launched[-1] == 4  # after the rebuild, every bucket launches from a hook
 
 
+def _callbacks(rank, world_size):
+    model = minddp.DDP(Reversed(), bucket_cap_mb=1e-6)
+    reduced, rebuilt = [], []
+    model.on_reduced(lambda b: reduced.append((b, model.layout.buckets[b].future is None)))
+    model.on_rebuild(lambda layout: rebuilt.append(layout.version))
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+    return reduced, rebuilt, model.layout_version
+
+
+def test_engine_callbacks_run_in_bucket_order_after_each_wait_and_once_before_the_rebuild():
+    for reduced, rebuilt, version in multiproc.run(_callbacks, 2):
+        assert reduced == [(b, True) for b in range(4)] * 2  # after its wait, in bucket order
+        assert rebuilt == [1] and version == 2  # the old layout, once
+
+
 # ------------------------------------------------------------------- no_sync
 def _no_sync(rank, world_size):
     torch.manual_seed(0)
