@@ -136,8 +136,7 @@ def run() -> None:
                   flush=True)
             sys.exit(2)
         raise
-    exit_worker(_exit_code)
-    sys.exit(_exit_code)
+    exit_worker(_exit_code, script=True)  # without the interpreter's teardown (see exit_worker)
 
 
 if __name__ == "__main__":
