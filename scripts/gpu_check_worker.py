@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minddp  # noqa: E402
 from minddp import _compat  # noqa: E402
+from minddp.observer import _union_length  # noqa: E402 - the same union CommStats.busy_s uses
 
 WIDTH, DEPTH, BATCH = 2048, 8, 4096  # ~34M parameters: several 25 MiB buckets, real backward kernels
 
@@ -131,22 +132,13 @@ def check_overlap_and_stats(device, world: int):
     comm = [(a, z) for n, a, z in kernels if "nccl" in n.lower()]
     compute = [(a, z) for n, a, z in kernels if "nccl" not in n.lower() and "memcpy" not in n.lower()]
     overlapped = sum(1 for a, z in comm if any(a < cz and ca < z for ca, cz in compute))
-    kernel_busy = _union(comm) / 1e6
+    kernel_busy = _union_length(comm) / 1e6
     consistent = stats.busy_s >= 0.8 * kernel_busy and (kernel_busy > 0 or world == 1)
     detail = (f"{len(comm)} collective kernels, {overlapped} concurrent with compute; busy_s "
               f"{stats.busy_s * 1e3:.2f} ms (events) vs collective kernels {kernel_busy * 1e3:.2f} ms "
               f"(profiler); {stats.launched_in_backward}/{stats.num_buckets} buckets launched in backward")
     ok = consistent and (overlapped > 0 if world >= 2 else True)
     return ok, detail
-
-
-def _union(intervals) -> float:
-    total, end = 0.0, float("-inf")
-    for a, z in sorted(intervals):
-        if z > end:
-            total += z - max(a, end)
-            end = z
-    return total
 
 
 def check_memory_flat(device, steps: int = 200):
