@@ -49,17 +49,23 @@ def main(cfg: DictConfig) -> None:
         _exit_code = trainer.stop.exit_code
     except (ConfigError, DivergedError) as e:  # a clear message and exit code 2 (3) on every rank
         config = isinstance(e, ConfigError)
-        print(f"[rank {rank}] minddp: {'configuration error' if config else 'stopped'}: {e}", file=sys.stderr,
-              flush=True)
+        say(rank, f"minddp: {'configuration error' if config else 'stopped'}: {e}")
         wait_for_peers(f"minddp/{type(e).__name__}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
         shutdown()
         sys.exit(2 if config else 3)
     except BaseException as e:  # everything else: this rank's own report, and the flight recorder
-        print(f"[rank {rank}] minddp: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        say(rank, f"minddp: {type(e).__name__}: {e}")
         report_flight_recorder(rank, run_dir, e)
         raise
     finally:
         shutdown()
+
+
+def say(rank, text: str) -> None:
+    """One rank's line on stderr in one write: print() writes the text and its newline apart, and
+    with unbuffered output (PYTHONUNBUFFERED) two ranks' lines then run together."""
+    sys.stderr.write(f"[rank {rank}] {text}\n")
+    sys.stderr.flush()
 
 
 def save_hydra_record(config: dict, run_dir: str) -> None:
@@ -82,11 +88,10 @@ def report_flight_recorder(rank, run_dir, e: BaseException) -> None:
     try:
         where = flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
     except Exception as d:  # noqa: BLE001
-        print(f"[rank {rank}] flight recorder: no dump ({type(d).__name__}: {d})", file=sys.stderr,
-              flush=True)
+        say(rank, f"flight recorder: no dump ({type(d).__name__}: {d})")
         return
     if where:
-        print(f"[rank {rank}] flight recorder: {where}; minddp debug {run_dir}", file=sys.stderr, flush=True)
+        say(rank, f"flight recorder: {where}; minddp debug {run_dir}")
 
 
 def check_writable(run_dir: str) -> None:
@@ -126,14 +131,13 @@ def run() -> None:
         if planned and not {"-h", "--help", "--cfg", "-c", "--info"} & set(sys.argv[1:]):
             check_writable(planned)
     except ConfigError as e:
-        print(f"[rank {rank}] minddp: configuration error: {e}", file=sys.stderr, flush=True)
+        say(rank, f"minddp: configuration error: {e}")
         sys.exit(2)
     try:
         main()  # errors raise (and exit non-zero) before the line below
     except SystemExit as e:
         if e.code == 1 and not _entered_main:
-            print(f"[rank {rank}] minddp: configuration error (Hydra's message above)", file=sys.stderr,
-                  flush=True)
+            say(rank, "minddp: configuration error (Hydra's message above)")
             sys.exit(2)
         raise
     exit_worker(_exit_code, script=True)  # without the interpreter's teardown (see exit_worker)

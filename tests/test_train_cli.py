@@ -242,3 +242,17 @@ def test_optimizer_overlap_on_the_defaults_is_one_line_naming_the_overrides(tmp_
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     lines = [x for x in p.stderr.splitlines() if "minddp:" in x]
     assert len(lines) == 1 and "needs optim.grad_clip=0 train.on_nonfinite=stop" in lines[0], p.stderr
+
+
+def test_a_ranks_error_line_is_one_write(monkeypatch):
+    """Two ranks share one stderr: a line written in two pieces (print's text, then its newline)
+    runs into the other rank's line when output is unbuffered."""
+    import io
+    import sys
+
+    import train
+
+    writes = []
+    monkeypatch.setattr(sys, "stderr", type("W", (io.StringIO,), {"write": lambda self, s: writes.append(s)})())
+    train.say(1, "minddp: configuration error: bad")
+    assert writes == ["[rank 1] minddp: configuration error: bad\n"]
