@@ -24,7 +24,7 @@ launched right after the step and waited for just before the first module that u
 its next forward, so it overlaps the earlier layers' forward.
 
 `state_dict()` is the unsharded optimizer's (full per-parameter tensors, torch's indices),
-so checkpoints load with or without sharding and at any number of ranks.
+so checkpoints load with or without sharding and at any number of ranks (minddp.zero_state).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from . import _compat, collectives, gradnorm
+from . import collectives, gradnorm, zero_state
 from .overlap import OverlappedOptimizer  # noqa: F401 - its old home (minddp.zero.OverlappedOptimizer)
 
 
@@ -244,50 +243,7 @@ class ShardedOptimizer:
             return self._pending_state
         self._slice_shards()
         self.wait_params()
-        ddp, keys = self.ddp, self._state_keys()
-        full = {key: self._gather_state(key) for key in keys["tensor"]}
-        step = keys["step"]
-        order = [i for ids in self._group_params for i in ids]
-        state = {}
-        if full or step is not None:
-            for pos, i in enumerate(order):
-                p = ddp.params[i]
-                state[pos] = {key: full[key][i].view_as(p).clone() for key in full}
-                if step is not None:
-                    state[pos]["step"] = step.clone()
-        groups, pos = [], 0
-        for g, ids in zip(self.optim.param_groups, self._group_params):
-            groups.append({**{k: v for k, v in g.items() if k != "params"},
-                           "params": list(range(pos, pos + len(ids)))})
-            pos += len(ids)
-        return {"state": state, "param_groups": groups}
-
-    def _state_keys(self) -> dict:
-        """State keys every rank agrees on (a rank may hold no segment yet)."""
-        mine = next((st for st in self.optim.state.values() if st), {})
-        tensors = sorted(k for k, v in mine.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
-        step = mine.get("step")
-        everyone = [None] * dist.get_world_size(self.ddp.process_group)
-        dist.all_gather_object(everyone, (tensors, None if step is None else step.cpu()),
-                               group=self.ddp.process_group)
-        tensors, step = max(everyone, key=lambda e: len(e[0]))
-        return {"tensor": tensors, "step": step}
-
-    def _gather_state(self, key: str) -> dict[int, torch.Tensor]:
-        """{engine parameter index: flat full state tensor} for one state key."""
-        ddp, out = self.ddp, {}
-        for b, bucket in enumerate(ddp.layout.buckets):
-            lo, hi = ddp.layout.shard_range(b)
-            mine = torch.zeros(hi - lo, dtype=torch.float32, device=bucket.buffer.device)
-            for s in self._segments:
-                if s.bucket == b and s.tensor in self.optim.state:
-                    off = bucket.offsets[bucket.param_ids.index(s.param)]
-                    mine[off + s.lo - lo: off + s.hi - lo] = self.optim.state[s.tensor][key].float()
-            whole = torch.empty(bucket.buffer.numel(), dtype=torch.float32, device=mine.device)
-            _compat.all_gather_single(whole, mine, group=ddp.process_group)
-            for k, i in enumerate(bucket.param_ids):
-                out[i] = whole[bucket.offsets[k]: bucket.offsets[k] + bucket.numels[k]]
-        return out
+        return zero_state.unsharded(self.ddp, self.optim, self._segments, self._group_params)
 
     def load_state_dict(self, sd: dict) -> None:
         """Load an unsharded optimizer state dict (from any layout): this rank keeps its slices,
@@ -297,20 +253,7 @@ class ShardedOptimizer:
         self._pending_state = sd
 
     def _apply_state(self, sd: dict) -> None:
-        order = [i for ids in self._group_params for i in ids]
-        pos_of = {i: pos for pos, i in enumerate(order)}
-        self.optim.state.clear()
-        for s in self._segments:
-            saved = sd["state"].get(pos_of[s.param]) or sd["state"].get(str(pos_of[s.param]))
-            if not saved:
-                continue
-            st = {}
-            for key, v in saved.items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    st[key] = v.flatten()[s.lo:s.hi].to(s.tensor.device, s.tensor.dtype).clone()
-                else:
-                    st[key] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
-            self.optim.state[s.tensor] = st
+        zero_state.load_shards(self.optim, sd, self._segments, self._group_params)
 
 
 def _seconds(wait) -> float:

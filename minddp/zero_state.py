@@ -1,0 +1,79 @@
+"""ZeRO-1's checkpoints: the sharded optimizer state as the unsharded optimizer's state dict
+(full per-parameter tensors under torch's indices), and back into this rank's shards. So a
+checkpoint loads with or without sharding, at any number of ranks.
+
+A shard is a list of `zero.Segment`s: the part of one parameter that lies in this rank's slice
+of one bucket. `group_params` lists the engine's parameter indices per param group, in the
+order the unsharded optimizer numbers them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _compat
+
+
+def unsharded(ddp, optim, segments, group_params) -> dict:
+    """The unsharded optimizer's state dict, gathered from every rank: a collective."""
+    keys, step = state_keys(optim, ddp.process_group)
+    full = {key: gather(ddp, optim, segments, key) for key in keys}
+    order = [i for ids in group_params for i in ids]
+    state = {}
+    if full or step is not None:
+        for pos, i in enumerate(order):
+            p = ddp.params[i]
+            state[pos] = {key: full[key][i].view_as(p).clone() for key in full}
+            if step is not None:
+                state[pos]["step"] = step.clone()
+    groups, pos = [], 0
+    for g, ids in zip(optim.param_groups, group_params):
+        options = {k: v for k, v in g.items() if k != "params"}
+        groups.append({**options, "params": list(range(pos, pos + len(ids)))})
+        pos += len(ids)
+    return {"state": state, "param_groups": groups}
+
+
+def state_keys(optim, group) -> tuple[list[str], torch.Tensor | None]:
+    """The tensor state keys and the step every rank agrees on (a rank may hold no segment yet)."""
+    mine = next((st for st in optim.state.values() if st), {})
+    tensors = sorted(k for k, v in mine.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    step = mine.get("step")
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (tensors, None if step is None else step.cpu()), group=group)
+    return max(everyone, key=lambda e: len(e[0]))
+
+
+def gather(ddp, optim, segments, key: str) -> dict[int, torch.Tensor]:
+    """{engine parameter index: flat full state tensor} for one state key, bucket by bucket."""
+    out = {}
+    for b, bucket in enumerate(ddp.layout.buckets):
+        lo, hi = ddp.layout.shard_range(b)
+        mine = torch.zeros(hi - lo, dtype=torch.float32, device=bucket.buffer.device)
+        for s in segments:
+            if s.bucket == b and s.tensor in optim.state:
+                off = bucket.offsets[bucket.param_ids.index(s.param)]
+                mine[off + s.lo - lo: off + s.hi - lo] = optim.state[s.tensor][key].float()
+        whole = torch.empty(bucket.buffer.numel(), dtype=torch.float32, device=mine.device)
+        _compat.all_gather_single(whole, mine, group=ddp.process_group)
+        for k, i in enumerate(bucket.param_ids):
+            out[i] = whole[bucket.offsets[k]: bucket.offsets[k] + bucket.numels[k]]
+    return out
+
+
+def load_shards(optim, sd: dict, segments, group_params) -> None:
+    """This rank's slices of an unsharded state dict, as the inner optimizer's state."""
+    pos_of = {i: pos for pos, i in enumerate(i for ids in group_params for i in ids)}
+    optim.state.clear()
+    for s in segments:
+        saved = sd["state"].get(pos_of[s.param]) or sd["state"].get(str(pos_of[s.param]))
+        if not saved:
+            continue
+        st = {}
+        for key, v in saved.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                st[key] = v.flatten()[s.lo:s.hi].to(s.tensor.device, s.tensor.dtype).clone()
+            else:
+                st[key] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
+        optim.state[s.tensor] = st
