@@ -51,8 +51,15 @@ def test_ddp_estimate_and_best_bucket():
     assert cm.exposed_comm(c, backward_s=1.0) == pytest.approx(c["last_bucket_s"])  # hidden but the last
     assert cm.exposed_comm(c, backward_s=0.0) == pytest.approx(c["total_s"])
     assert cm.exposed_comm(c, 1.0, overlap=False) == c["total_s"]
-    cap, exposed = cm.best_bucket_mb(100e6, 4, 8, 10e-6, 10e9, backward_s=0.2)
-    assert exposed <= cm.exposed_comm(cm.ddp_comm_time(100e6, 4, 25, 8, 10e-6, 10e9), 0.2)
+    # the advice is the cheapest candidate, and it moves with the trade-off: cheap latency favours
+    # small buckets (little left after backward), expensive latency few large ones
+    cost = lambda cap, alpha: cm.predict_ddp_comm(  # noqa: E731
+        cm.bucket_bytes(400e6, cap), 8, cm.Calibration(cm.Fabric(alpha, 10e9, "x")), 0.2)["cost_s"]
+    caps = (0.25, 1, 5, 25, 100, 250, 1000)
+    cap, exposed = cm.best_bucket_mb(100e6, 4, 8, 10e-6, 10e9, backward_s=0.2, candidates=caps)
+    assert cap <= 1 and exposed == min(cost(c, 10e-6) for c in caps) < cost(1000, 10e-6) / 50
+    cap, exposed = cm.best_bucket_mb(100e6, 4, 8, 10e-3, 10e9, backward_s=0.2, candidates=caps)
+    assert cap >= 100 and exposed == min(cost(c, 10e-3) for c in caps) < cost(0.25, 10e-3) / 5
 
 
 def test_parse_size():
@@ -129,7 +136,7 @@ def test_zero1_moves_the_same_bytes_and_shards_the_states():
 
 
 def _calibrate(rank, world_size, path):
-    from minddp.tools.bench import write_calibration
+    from minddp.tools.calibrate import write_calibration
 
     sizes = [2**k for k in range(12, 22, 3)]
     rows = [*run_op("all_reduce", sizes, torch.float32, warmup=1, iters=5),
