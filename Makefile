@@ -76,8 +76,7 @@ bench-collectives: install  ## nccl-tests-style sweep of every collective, alpha
 
 # alpha-beta fit, contention, the engine's per-bucket cost and completion floor: docs/calibration.json
 calibrate: install  ## alpha-beta fit and the engine's per-bucket cost: docs/calibration.json
-	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp bench --op all_reduce,zero1_reduce_scatter,zero1_all_gather -e 64MiB -n 30 -w 5 --repeats 3 \
-	  --calibrate docs/calibration.json
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp calibrate --repeats 3 --out docs/calibration.json
 
 # every run under DIR (a multirun, a Slurm sweep, several train.py runs): DIR/report.{md,png}
 DIR ?= outputs

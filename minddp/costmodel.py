@@ -154,7 +154,7 @@ class Calibration:
     # its all-reduce); `fabric` (the all-reduce's) for the others
     ops: tuple = ()  # ((op, Fabric), ...)
     # how much slower a collective progresses while backward runs on the same cores, fitted
-    # from the engine itself (bench.under_backward_fit): where present, buckets are simulated
+    # from the engine itself (calibrate.under_backward_fit): where present, buckets are simulated
     # (in order, slowed until backward ends) instead of contention and floor per bucket
     under_backward: tuple = ()  # ((op, (slowdown, delay_s)), ...)
     backward_share: float = 2 / 3  # backward's share of forward + backward (measured with the above)
@@ -172,7 +172,7 @@ class Calibration:
 
         with open(path) as f:
             c = json.load(f)
-        note = f"measured by minddp bench --calibrate ({path})"
+        note = f"measured by minddp calibrate ({path})"
         ops = tuple((op, Fabric(v["alpha"], v["beta"], note)) for op, v in c.get("ops", {}).items())
         fits = c.get("under_backward", {})
         under = tuple((op, (v["slowdown"], v.get("delay_s", 0.0))) for op, v in fits.items())

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from minddp.costmodel import busbw_factor
+from minddp.tools import render
 from minddp.tools.bench import OPS, fit_alpha_beta, run_op
 from tests import multiproc
 from tests.conftest import BIN, ROOT, SMALL, metrics, run_train
@@ -256,6 +257,8 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     ours, theirs = row.split(" | ")[1].split(" / ")
     assert ours == theirs  # the same bucket count as torch DDP at the same cap
     assert "minddp shard_optimizer (ZeRO-1)" in text and "cost per bucket" in text
+    doc = json.loads(out.with_suffix(".json").read_text())  # the measurements, and the md rendered from them
+    assert text == render.markdown(doc["blocks"]) + "\n" and doc["data"]["ratios"]["0.05"][0] > 0
     out = tmp_path / "bench_trainer.md"
     p = subprocess.run([*torchrun, "-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1",
                         "--steps", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
@@ -264,3 +267,6 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     text = out.read_text()
     assert "| bare loop |" in text and "| nanoGPT-style loop |" in text
     assert "`agree`" in text and "`opt.step`" in text
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert text == render.markdown(doc["blocks"]) + "\n" and set(doc["data"]["ratios"]) == {
+        "trainer", "bare loop", "nanoGPT-style loop"}

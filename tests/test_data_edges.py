@@ -414,7 +414,8 @@ def test_a_bad_file_on_one_rank_exits_2_on_every_rank_within_seconds(tmp_path):
            *TOK, "data=tokens", f"data.dir={tmp_path}/d${{oc.env:RANK}}"]
     # unbuffered, as under many launchers: each rank's line must still be one write (CI once saw
     # "[rank 0] ...[rank 1] ..." on one line when print wrote the newline apart)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run"),
+           "PYTHONUNBUFFERED": "1"}
     t0 = __import__("time").monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     took, out = __import__("time").monotonic() - t0, p.stdout + p.stderr

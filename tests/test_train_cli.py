@@ -253,6 +253,7 @@ def test_a_ranks_error_line_is_one_write(monkeypatch):
     import train
 
     writes = []
-    monkeypatch.setattr(sys, "stderr", type("W", (io.StringIO,), {"write": lambda self, s: writes.append(s)})())
+    recorder = type("W", (io.StringIO,), {"write": lambda self, s: writes.append(s)})
+    monkeypatch.setattr(sys, "stderr", recorder())
     train.say(1, "minddp: configuration error: bad")
     assert writes == ["[rank 1] minddp: configuration error: bad\n"]

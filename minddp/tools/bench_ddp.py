@@ -34,7 +34,8 @@ from ..ddp import DistributedDataParallel
 from ..overlap import OverlappedOptimizer
 from ..train.model import GPT, num_params
 from ..zero import ShardedOptimizer
-from .cli import PhaseClock, ranks_phrase, start, sync, timed
+from . import render
+from .cli import PhaseClock, interleaved, ranks_phrase, start, sync, timed
 from .workload import bench_gpt, lm_loss
 
 
@@ -53,21 +54,11 @@ def torch_buckets(model) -> int:
     return len(sizes.split(",")) if sizes else -1
 
 
-def interleaved(configs, x, rounds: int, per_round: int, opts=None) -> list[float]:
-    """Median step time of each configuration; each step's time is the max over ranks."""
-    opts = opts or [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
-    times = [[] for _ in configs]
-    for r in range(rounds + 1):  # round 0 warms up (and rebuilds every engine's buckets)
-        shift = r % len(configs)
-        for k in [(i + shift) % len(configs) for i in range(len(configs))]:
-            for _ in range(per_round):
-                dist.barrier()
-                dt = step(configs[k][2], opts[k], x)
-                if r:
-                    times[k].append(dt)
-    t = torch.tensor(times, dtype=torch.float64, device=x.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [statistics.median(row) for row in t.tolist()]
+def interleaved_steps(configs, x, rounds: int, per_round: int) -> list[float]:
+    """Median step time (SGD) of each (label, cap, model), in rotated rounds (cli.interleaved)."""
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
+    steps = [lambda m=m, o=o: step(m, o, x) for (_, _, m), o in zip(configs, opts)]
+    return [m[0] for m in interleaved(steps, rounds, per_round, x.device)]
 
 
 def optimizer_configs(base, cap):
@@ -112,20 +103,13 @@ def phased_step(model, opt, x) -> tuple[float, float, float]:
 
 
 def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[float]]:
-    """Per configuration, the medians of [step, forward, backward, optimizer step]; each
-    step's phases are the slowest rank's."""
-    times = [[] for _ in configs]
-    for r in range(rounds + 1):  # round 0 warms up (rebuilds, optimizer states)
-        shift = r % len(configs)
-        for k in [(i + shift) % len(configs) for i in range(len(configs))]:
-            for _ in range(per_round):
-                dist.barrier()
-                phases = phased_step(configs[k][1], configs[k][2], x)
-                if r:
-                    times[k].append([sum(phases), *phases])
-    t = torch.tensor(times, dtype=torch.float64, device=x.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [[statistics.median(col) for col in zip(*rows)] for rows in t.tolist()]
+    """Per (label, model, optimizer), the medians of [step, forward, backward, optimizer step]."""
+    def phases(model, opt):
+        p = phased_step(model, opt, x)
+        return [sum(p), *p]
+
+    steps = [lambda m=m, o=o: phases(m, o) for _, m, o in configs]
+    return interleaved(steps, rounds, per_round, x.device)
 
 
 def state_bytes(opt) -> int:
@@ -189,7 +173,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
-    ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    ap.add_argument("--out", default=None, help="also write the report here: FILE.md and FILE.json")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     args = ap.parse_args()
 
@@ -209,7 +193,7 @@ def main() -> None:
 
     ratios, ours_ms = {cap: [] for cap in caps}, {cap: [] for cap in caps}
     for _ in range(args.repeats):
-        med = interleaved(configs, x, args.rounds, args.steps_per_round)
+        med = interleaved_steps(configs, x, args.rounds, args.steps_per_round)
         by = {(label, cap): m for (label, cap, _), m in zip(configs, med)}
         for cap in caps:
             ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
@@ -223,62 +207,59 @@ def main() -> None:
     if rank == 0:
         for k, row in enumerate(optim):
             row["state"] = [e[k] for e in everyone]
-        table = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms)
-        print(table, flush=True)
+        blocks = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms)
+        print(render.markdown(blocks), flush=True)
         if args.out:
-            with open(args.out, "w") as f:
-                f.write("Command: `make bench` (`torchrun --standalone --nproc_per_node=2 "
-                        "-m minddp bench-ddp`)\n\n" + table + "\n")
+            data = {"ratios": ratios, "minddp_ms": ours_ms, "optimizer": optim,
+                    "per_bucket_cost_s": {k: v[0] for k, v in cost.items()},
+                    "buckets": {f"{label} {cap:g}": n for (label, cap), n in buckets.items()}}
+            render.write(args.out, blocks, data)
     dist.destroy_process_group()
 
 
-def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms) -> str:
-    lines = [
+def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms) -> list:
+    """The report's blocks (render.markdown)."""
+    rows = [[f"{cap:g}", f"{buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]}",
+             *render.median_spread(ratios[cap]), f"{statistics.median(ours_ms[cap]):.0f}"] for cap in caps]
+    return [
+        "Command: `make bench` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp`)",
         f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
         f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
         f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
         "steps per configuration.",
-        "",
-        "| bucket cap (MB) | buckets minddp / torch | minddp / torch DDP step time: median "
-        "| spread (min-max) | minddp step (ms) |",
-        "|---|---|---|---|---|",
+        render.table(["bucket cap (MB)", "buckets minddp / torch", "minddp / torch DDP step time: median",
+                      "spread (min-max)", "minddp step (ms)"], rows),
+        *optimizer_blocks(args, optim),
+        "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; backward minus "
+        "an unwrapped backward, per bucket):",
+        render.table(["engine", "buckets", "cost per bucket (us)"],
+                     [[name, n, f"{seconds * 1e6:.1f}"] for name, (seconds, n) in cost.items()]),
     ]
-    for cap in caps:
-        r = ratios[cap]
-        lines.append(f"| {cap:g} | {buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]} | "
-                     f"{statistics.median(r):.3f} | {min(r):.3f}-{max(r):.3f} | "
-                     f"{statistics.median(ours_ms[cap]):.0f} |")
-    lines += ["", *optimizer_table(args, optim)]
-    lines += ["", "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; "
-              "backward minus an unwrapped backward, per bucket):", "",
-              "| engine | buckets | cost per bucket (us) |", "|---|---|---|"]
-    for name, (seconds, n) in cost.items():
-        lines.append(f"| {name} | {n} | {seconds * 1e6:.1f} |")
-    return "\n".join(lines)
 
 
-def optimizer_table(args, rows: list[dict]) -> list[str]:
+def optimizer_blocks(args, rows: list[dict]) -> list:
     """Step-time ratios (median and spread over repeats), phases, states; ZeRO-1's exposed all-gather."""
-    spread = lambda v: f"{statistics.median(v):.3f} | {min(v):.3f}-{max(v):.3f}"  # noqa: E731
-    lines = [f"Optimizer setups (fused AdamW, cap 25 MB; {args.repeats} repeats of {args.rounds} rotated "
-             "rounds; per repeat the ratio of median step times, all setups in the same rounds; phases: "
-             "medians over the repeats of the slowest rank's; peak memory per rank: docs/bench_memory.md):",
-             "", "| configuration | step vs minddp DDP: median | spread | step vs torch DDP: median | spread "
-             "| step (ms) | forward / backward / optimizer step (ms) | optimizer state per rank (MB) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    def row(r):
         med = [statistics.median(col) * 1e3 for col in zip(*r["phases"])]
-        lines.append(f"| {r['label']} | {spread(r['vs_minddp'])} | {spread(r['vs_torch'])} | {med[0]:.0f} | "
-                     f"{med[1]:.0f} / {med[2]:.0f} / {med[3]:.0f} | "
-                     f"{' / '.join(f'{b / 2**20:.1f}' for b in r['state'])} |")
+        return [r["label"], *render.median_spread(r["vs_minddp"]), *render.median_spread(r["vs_torch"]),
+                f"{med[0]:.0f}", f"{med[1]:.0f} / {med[2]:.0f} / {med[3]:.0f}",
+                " / ".join(f"{b / 2**20:.1f}" for b in r["state"])]
+
+    blocks = [f"Optimizer setups (fused AdamW, cap 25 MB; {args.repeats} repeats of {args.rounds} rotated "
+              "rounds; per repeat the ratio of median step times, all setups in the same rounds; phases: "
+              "medians over the repeats of the slowest rank's; peak memory per rank: docs/bench_memory.md):",
+              render.table(["configuration", "step vs minddp DDP: median", "spread",
+                            "step vs torch DDP: median", "spread", "step (ms)",
+                            "forward / backward / optimizer step (ms)", "optimizer state per rank (MB)"],
+                           [row(r) for r in rows])]
     by = {r["label"]: r for r in rows}
     zero, plain = by.get("minddp shard_optimizer (ZeRO-1)"), by["minddp DDP + AdamW"]
     if zero:  # ZeRO-1's forward waits for the all-gathers its step launched; DDP's waits for nothing
         exposed = [(z[1] - p[1]) * 1e3 for z, p in zip(zero["phases"], plain["phases"])]
-        lines += ["", f"ZeRO-1's exposed all-gather per step (its forward minus minddp DDP's, per repeat): "
-                  f"median {statistics.median(exposed):.1f} ms, spread {min(exposed):.1f} to "
-                  f"{max(exposed):.1f} ms."]
-    return lines
+        blocks.append(f"ZeRO-1's exposed all-gather per step (its forward minus minddp DDP's, per repeat): "
+                      f"median {statistics.median(exposed):.1f} ms, spread {min(exposed):.1f} to "
+                      f"{max(exposed):.1f} ms.")
+    return blocks
 
 
 if __name__ == "__main__":

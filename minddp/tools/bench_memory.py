@@ -23,7 +23,6 @@ Writes <out>.md and <out>.json.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import resource
@@ -32,11 +31,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODELS = {  # GPTConfig fields; vocab 256 (bytes)
-    "gpt-10.8M": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 128},
-    "gpt-50M": {"n_layer": 7, "n_head": 12, "n_embd": 768, "block_size": 128},
-    "gpt-tiny": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16},  # the tests'
-}
+from . import render
+from .workload import GPT_PRESETS
+
+MODELS = {name: GPT_PRESETS[name] for name in ("gpt-10.8M", "gpt-50M", "gpt-tiny")}
 CONFIGS = {  # name -> what it is
     "local": "no wrapper, each rank trains alone (reference)",
     "torch-ddp": "torch DDP, default arguments",
@@ -68,15 +66,6 @@ def modeled_bytes(config: str, param_bytes: int, dp: int) -> dict:
     parts = {"params": params * param_bytes, "grads": grads * param_bytes,
              "buckets": buckets * param_bytes, "states": states}
     return {**parts, "total": sum(parts.values())}
-
-
-def has_optimizer_overlap() -> bool:
-    """The engine's flag and the optimizer that uses it (minddp.OverlappedOptimizer)."""
-    from .. import zero
-    from ..ddp import DistributedDataParallel
-
-    flag = "optimizer_overlap" in inspect.signature(DistributedDataParallel.__init__).parameters
-    return flag and hasattr(zero, "OverlappedOptimizer")
 
 
 # ------------------------------------------------------------------ the worker (one rank)
@@ -180,13 +169,13 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.optim  # noqa: F401  every module any configuration uses, before
-    import torch.nn.functional as F  # the baseline: imports are code, not the configuration's
 
     from ..dist import exit_worker
     from ..train.model import GPT, GPTConfig
     from ..zero import ShardedOptimizer  # noqa: F401
     from .bench_ddp import state_bytes
     from .cli import start
+    from .workload import lm_loss  # the baseline (imports are code, not the configuration's)
 
     _warm_up_optimizer()
     meter = PeakMeter()  # the baseline: the resident set right after the imports
@@ -202,8 +191,7 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     g = torch.Generator().manual_seed(info.rank)
     for s in range(steps):
         x = torch.randint(0, 256, (BATCH, block + 1), generator=g).to(info.device)
-        logits = wrapped(x[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        lm_loss(wrapped, x).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         marks[f"step{s + 1}"] = meter.peak()
@@ -255,25 +243,23 @@ def phases(row: dict) -> str:
     return " / ".join(f"{v / MB:.0f}" for v in top["marks"].values())
 
 
-def config_table(rows: list[dict]) -> list[str]:
-    lines = ["| dp | configuration | holds (modeled) | modeled (MB) | states measured (MB) "
-             "| wrap + optimizer raised the peak by (MB) | peak (MB) | peak - modeled (MB) "
-             "| peak absolute (MB) | high-water after init / model / wrap / each step (MB) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        what = HOLDS[r["config"]][4]
-        if "error" in r or "skipped" in r:
-            lines.append(f"| {r['dp']} | {r['config']} | {what} | - | - | - | "
-                         f"{r.get('error') or r.get('skipped')} | - | - | - |")
-            continue
-        p = r["ranks"][0]["param_bytes"]
-        model = modeled_bytes(r["config"], p, r["dp"])["total"]
-        wrap = max(x["marks"]["wrap"] - x["marks"]["model"] for x in r["ranks"])
-        peak = largest(r, "peak")
-        lines.append(f"| {r['dp']} | {r['config']} | {what} | {model / MB:.0f} | "
-                     f"{largest(r, 'states') / MB:.0f} | {wrap / MB:.0f} | {peak / MB:.0f} | "
-                     f"{(peak - model) / MB:+.0f} | {largest(r, 'absolute') / MB:.0f} | {phases(r)} |")
-    return lines
+def config_table(rows: list[dict]) -> dict:
+    header = ["dp", "configuration", "holds (modeled)", "modeled (MB)", "states measured (MB)",
+              "wrap + optimizer raised the peak by (MB)", "peak (MB)", "peak - modeled (MB)",
+              "peak absolute (MB)", "high-water after init / model / wrap / each step (MB)"]
+    return render.table(header, [config_row(r) for r in rows])
+
+
+def config_row(r: dict) -> list:
+    what = HOLDS[r["config"]][4]
+    if "error" in r or "skipped" in r:
+        return [r["dp"], r["config"], what, "-", "-", "-", r.get("error") or r.get("skipped"), "-", "-", "-"]
+    model = modeled_bytes(r["config"], r["ranks"][0]["param_bytes"], r["dp"])["total"]
+    wrap = max(x["marks"]["wrap"] - x["marks"]["model"] for x in r["ranks"])
+    peak = largest(r, "peak")
+    return [r["dp"], r["config"], what, f"{model / MB:.0f}", f"{largest(r, 'states') / MB:.0f}",
+            f"{wrap / MB:.0f}", f"{peak / MB:.0f}", f"{(peak - model) / MB:+.0f}",
+            f"{largest(r, 'absolute') / MB:.0f}", phases(r)]
 
 
 def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
@@ -288,32 +274,28 @@ def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
             "fraction": lowered / saved if saved else float("nan"), "pass": lowered >= 0.8 * saved > 0}
 
 
-def criteria_tables(results: list[dict]) -> list[str]:
-    lines = ["ZeRO-1 lowers the peak (target: by at least 80% of the optimizer state it saves):", "",
-             "| model | dp | sharding | states saved (MB) | unsharded peak (MB) | sharded peak (MB) "
-             "| lowered by (MB) | lowered / saved | >= 0.8 |", "|---|---|---|---|---|---|---|---|---|"]
+def criteria_tables(results: list[dict]) -> list:
     keys = sorted({(r["model"], r["dp"]) for r in results}, key=lambda k: (list(MODELS).index(k[0]), k[1]))
+    pairs = (("minddp ZeRO-1 vs minddp DDP", "minddp-ddp", "minddp-zero1"),
+             ("torch ZeroRedundancyOptimizer vs torch DDP", "torch-ddp", "torch-zero"))
+    zero, ddp = [], []
     for m, dp in keys:
         rows = [r for r in results if (r["model"], r["dp"]) == (m, dp)]
-        pairs = (("minddp ZeRO-1 vs minddp DDP", "minddp-ddp", "minddp-zero1"),
-                 ("torch ZeroRedundancyOptimizer vs torch DDP", "torch-ddp", "torch-zero"))
         for label, plain, sharded in pairs:
-            c = zero_criterion(rows, plain, sharded)
-            if c:
-                lines.append(f"| {m} | {dp} | {label} | {c['saved'] / MB:.0f} | {c['peak_plain'] / MB:.0f} | "
-                             f"{c['peak_sharded'] / MB:.0f} | {c['lowered'] / MB:.0f} | "
-                             f"{c['fraction']:.2f} | {'pass' if c['pass'] else 'FAIL'} |")
-    lines += ["", "minddp DDP at or below torch DDP's default:", "",
-              "| model | dp | torch DDP default (MB) | torch DDP bucket view (MB) | minddp DDP (MB) "
-              "| minddp <= torch default |", "|---|---|---|---|---|---|"]
-    for m, dp in keys:
-        by = {r["config"]: r for r in results if (r["model"], r["dp"]) == (m, dp) and "ranks" in r}
+            if c := zero_criterion(rows, plain, sharded):
+                mbs = [f"{c[k] / MB:.0f}" for k in ("saved", "peak_plain", "peak_sharded", "lowered")]
+                zero.append([m, dp, label, *mbs, f"{c['fraction']:.2f}", "pass" if c["pass"] else "FAIL"])
+        by = {r["config"]: r for r in rows if "ranks" in r}
         if {"torch-ddp", "minddp-ddp"} <= set(by):
             t, mm = largest(by["torch-ddp"], "peak"), largest(by["minddp-ddp"], "peak")
             v = f"{largest(by['torch-ddp-view'], 'peak') / MB:.0f}" if "torch-ddp-view" in by else "-"
-            lines.append(f"| {m} | {dp} | {t / MB:.0f} | {v} | {mm / MB:.0f} | "
-                         f"{'pass' if mm <= t else 'FAIL'} |")
-    return lines
+            ddp.append([m, dp, f"{t / MB:.0f}", v, f"{mm / MB:.0f}", "pass" if mm <= t else "FAIL"])
+    return ["ZeRO-1 lowers the peak (target: by at least 80% of the optimizer state it saves):",
+            render.table(["model", "dp", "sharding", "states saved (MB)", "unsharded peak (MB)",
+                          "sharded peak (MB)", "lowered by (MB)", "lowered / saved", ">= 0.8"], zero),
+            "minddp DDP at or below torch DDP's default:",
+            render.table(["model", "dp", "torch DDP default (MB)", "torch DDP bucket view (MB)",
+                          "minddp DDP (MB)", "minddp <= torch default"], ddp)]
 
 
 def engine_version() -> str:
@@ -330,8 +312,8 @@ def report(results: list[dict], steps: int, version: str = "") -> str:
     ok = next((r for r in results if "ranks" in r), None)
     method = ok["ranks"][0]["method"] if ok else "-"
     device = ok["ranks"][0]["device"] if ok else "-"
-    lines = ["# Peak memory per rank (`make bench-memory`)", "",
-             f"Command: `minddp bench-memory`. Each row is its own `torchrun` job of dp ranks "
+    blocks = ["# Peak memory per rank (`make bench-memory`)",
+              f"Command: `minddp bench-memory`. Each row is its own `torchrun` job of dp ranks "
              f"({device}, 1 thread per rank): the same GPT, batch {BATCH} x block tokens per rank, "
              f"fused AdamW (weight decay 0.1), {steps} steps; minddp at {version or 'unknown'}. "
              f"Peak = {method}, the largest rank's. "
@@ -340,15 +322,15 @@ def report(results: list[dict], steps: int, version: str = "") -> str:
              "temporaries, allocator slack and copies (compare with the `local` row, which has no "
              "wrapper). `wrap + optimizer raised the peak by` is how far the high-water mark rose "
              "while the wrapper and the optimizer were built (a second copy of the parameters shows "
-             "there). Peak memory does not depend on the machine's load: one run per row.", ""]
+             "there). Peak memory does not depend on the machine's load: one run per row."]
     for m in MODELS:
         rows = [r for r in results if r["model"] == m]
         if not rows:
             continue
         p = next((r["ranks"][0]["param_bytes"] for r in rows if "ranks" in r), 0)
-        lines += [f"## {m}: {p / 4 / 1e6:.1f}M parameters, P = {p / MB:.0f} MB, AdamW states 2P = "
-                  f"{2 * p / MB:.0f} MB", "", *config_table(rows), ""]
-    return "\n".join(lines + criteria_tables(results)) + "\n"
+        blocks += [f"## {m}: {p / 4 / 1e6:.1f}M parameters, P = {p / MB:.0f} MB, AdamW states 2P = "
+                   f"{2 * p / MB:.0f} MB", config_table(rows)]
+    return render.markdown(blocks + criteria_tables(results)) + "\n"
 
 
 def main(argv=None) -> None:
@@ -378,10 +360,6 @@ def main(argv=None) -> None:
     for m in models:
         for dp in (int(d) for d in args.dp.split(",")):
             for c in configs:
-                if c == "minddp-overlap" and not has_optimizer_overlap():
-                    results.append({"config": c, "model": m, "dp": dp,
-                                    "skipped": "the engine has no optimizer_overlap option yet"})
-                    continue
                 print(f"bench-memory: {m}, dp {dp}, {c} ...", flush=True)
                 results.append(run_config(c, m, dp, args.steps))
     write(results, args, engine_version())

@@ -30,11 +30,13 @@ from torch.nn import functional as F
 from ..dist import exit_worker
 from ..train.config import register
 from ..train.trainer import Trainer, build_model
-from .cli import pin_to_core, ranks_phrase, timed
+from . import render
+from .cli import interleaved, pin_to_core, ranks_phrase, timed
+from .workload import GPT_PRESETS, overrides
 
-WORKLOAD = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
-            "train.global_batch_size=32", "train.micro_batch_size=8", "data=text", "wandb.mode=disabled",
-            "train.eval_every=0", "train.ckpt_every=0", "train.max_steps=100000"]
+WORKLOAD = [*overrides(GPT_PRESETS["gpt-trainer"]), "train.global_batch_size=32", "train.micro_batch_size=8",
+            "data=text", "wandb.mode=disabled", "train.eval_every=0", "train.ckpt_every=0",
+            "train.max_steps=100000"]
 
 
 def make_trainer(extra: list[str], run_dir: str) -> Trainer:
@@ -91,22 +93,16 @@ def timed_methods(parts: dict[str, tuple]) -> dict[str, list[float]]:
     return spent
 
 
-def interleaved(trainer, loops, names, step, rounds: int, steps: int) -> dict[str, float]:
-    """Median step of each loop over `rounds` rotated rounds (after one warm-up round)."""
-    times = defaultdict(list)
-    for r in range(rounds + 1):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            for _ in range(steps):
-                step[k] += 1
-                dist.barrier()
-                run = (lambda s=step[k]: trainer.run_step(s)) if k == "trainer" else \
-                    (lambda s=step[k], k=k: loops[k].step(s))
-                seconds = timed(run, trainer.info.device)
-                if r:
-                    times[k].append(seconds)
-    t = torch.tensor([times[k] for k in names], dtype=torch.float64, device=trainer.info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets each step's pace
-    return {k: statistics.median(row) for k, row in zip(names, t.tolist())}
+def interleaved_loops(trainer, loops, names, step, rounds: int, steps: int) -> dict[str, float]:
+    """Median step of each loop in rotated rounds (cli.interleaved); `step` counts each
+    loop's steps across repeats."""
+    def one(k):
+        step[k] += 1
+        run = trainer.run_step if k == "trainer" else loops[k].step
+        return timed(lambda: run(step[k]), trainer.info.device)
+
+    medians = interleaved([lambda k=k: one(k) for k in names], rounds, steps, trainer.info.device)
+    return {k: m[0] for k, m in zip(names, medians)}
 
 
 def main() -> None:
@@ -128,50 +124,44 @@ def main() -> None:
     names, step = list(loops), {k: 0 for k in loops}
     ratios, medians = defaultdict(list), defaultdict(list)
     for _ in range(args.repeats):
-        med = interleaved(trainer, loops, names, step, args.rounds, args.steps)
+        med = interleaved_loops(trainer, loops, names, step, args.rounds, args.steps)
         for k in names:
             medians[k].append(med[k])
             ratios[k].append(med["trainer"] / med[k])
     if dist.get_rank() == 0:
-        table = report(args, trainer, medians, ratios, spent)
-        print(table, flush=True)
+        blocks = report(args, trainer, medians, ratios, spent)
+        print(render.markdown(blocks), flush=True)
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(table + "\n")
+            render.write(args.out, blocks, {"ratios": ratios, "medians_s": medians, "parts_s": spent})
     trainer.tracker.close()
     dist.destroy_process_group()
     exit_worker()  # the trainer turned torch's flight recorder on: see minddp.dist.exit_worker
 
 
-def report(args, trainer, medians, ratios, spent) -> str:
-    step = statistics.median(medians["trainer"])
-    lines = [
+def report(args, trainer, medians, ratios, spent) -> list:
+    """The report's blocks (render.markdown)."""
+    step, gpt = statistics.median(medians["trainer"]), GPT_PRESETS["gpt-trainer"]
+    loops = [[k, f"{statistics.median(medians[k]) * 1e3:.1f}", *render.median_spread(ratios[k])]
+             for k in medians]
+    parts = [[f"`{name}`", f"{statistics.mean(v) * 1e3:.2f}", f"{statistics.mean(v) / step:.1%}"]
+             for name, v in spent.items()]
+    rest = step - sum(statistics.mean(v) for v in spent.values())
+    parts.append(["the rest (forward, backward, scheduler, zero_grad, timing)", f"{rest * 1e3:.2f}",
+                  f"{rest / step:.1%}"])
+    return [
         "# The trainer against hand-written loops",
-        "",
         "Command: `make bench-trainer` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-trainer`). "
-        f"GPT {trainer.num_params / 1e6:.2f}M parameters (4 layers, 128 wide, block 64, bytes), "
-        "global batch 32, micro-batch 8, fp32 eager, "
+        f"GPT {trainer.num_params / 1e6:.2f}M parameters ({gpt['n_layer']} layers, {gpt['n_embd']} wide, "
+        f"block {gpt['block_size']}, bytes), global batch {trainer.cfg.train.global_batch_size}, micro-batch "
+        f"{trainer.cfg.train.micro_batch_size}, fp32 eager, "
         f"{ranks_phrase(trainer.info.world_size, trainer.info.device)}; "
         f"{args.repeats} repeats of {args.rounds} rotated rounds x {args.steps} steps per loop. Per repeat "
         "the ratio of median steps (each step's time the max over ranks); below, the median and "
         "spread (min-max) of those ratios over the repeats.",
-        "",
-        "| loop | median step (ms) | trainer / loop: median | spread |",
-        "|---|---|---|---|",
+        render.table(["loop", "median step (ms)", "trainer / loop: median", "spread"], loops),
+        "Where the trainer's step goes (its own methods, timed; share of the median step):",
+        render.table(["part", "mean (ms)", "share"], parts),
     ]
-    for k in medians:
-        r = ratios[k]
-        lines.append(f"| {k} | {statistics.median(medians[k]) * 1e3:.1f} | {statistics.median(r):.3f} | "
-                     f"{min(r):.3f}-{max(r):.3f} |")
-    lines += ["", "Where the trainer's step goes (its own methods, timed; share of the median step):", "",
-              "| part | mean (ms) | share |", "|---|---|---|"]
-    for name, values in spent.items():
-        mean = statistics.mean(values)
-        lines.append(f"| `{name}` | {mean * 1e3:.2f} | {mean / step:.1%} |")
-    rest = step - sum(statistics.mean(v) for v in spent.values())
-    lines.append(f"| the rest (forward, backward, scheduler, zero_grad, timing) | {rest * 1e3:.2f} | "
-                 f"{rest / step:.1%} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ that is true on every backend, and a headless matplotlib."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from ..dist import DistInfo, init_distributed
 
@@ -60,6 +62,24 @@ def timed(fn, device: torch.device) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t0
+
+
+def interleaved(steps: list, rounds: int, per_round: int, device: torch.device) -> list[list[float]]:
+    """Run each of `steps` (callables returning a time, or a list of times) `per_round` times a
+    round, in an order rotated every round, so that the machine's drift hits all alike; round
+    0 only warms up (bucket rebuilds, optimizer states). Per step, the median of each of its
+    times over the measured rounds, each taken from the slowest rank."""
+    times = [[] for _ in steps]
+    for r in range(rounds + 1):
+        for k in [(i + r) % len(steps) for i in range(len(steps))]:
+            for _ in range(per_round):
+                dist.barrier()
+                t = steps[k]()
+                if r:
+                    times[k].append(list(t) if isinstance(t, (list, tuple)) else [t])
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [[statistics.median(col) for col in zip(*rows)] for rows in t.tolist()]
 
 
 class PhaseClock:

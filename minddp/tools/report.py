@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from ..train.resume_check import flatten
+from . import render
 from .cli import pyplot
 
 IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
@@ -135,14 +136,11 @@ def add_efficiency(runs: list[dict], swept: list[str]) -> None:
 def table(runs: list[dict], swept: list[str]) -> str:
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     head = [*swept, "steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in runs:
-        cells = [str(r["keys"].get(k)) for k in swept] + [
-            str(r["steps"]), fmt(r["step_s"] and r["step_s"] * 1e3, ".1f"), fmt(r["tokens_per_s"], ".0f"),
-            fmt(r["efficiency"], ".2f"), fmt(r["exposed"], ".1%"), fmt(r["loss"], ".4f"),
-            fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[r["keys"].get(k) for k in swept] + [
+        r["steps"], fmt(r["step_s"] and r["step_s"] * 1e3, ".1f"), fmt(r["tokens_per_s"], ".0f"),
+        fmt(r["efficiency"], ".2f"), fmt(r["exposed"], ".1%"), fmt(r["loss"], ".4f"),
+        fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%")] for r in runs]
+    return render.markdown([render.table(head, rows)])
 
 
 def label(r: dict, keys: list[str], folder: Path) -> str:

@@ -33,12 +33,15 @@ from pathlib import Path
 import torch
 
 from ..costmodel import PRESETS, Calibration, best_bucket_mb, predict_ddp_comm
+from ..train.model import GPT, GPTConfig
+from . import render
+from .calibrate import UNDER_CAPS
 from .cli import pyplot
+from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, overrides
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, outputs/
-STUDY_GPT = {"n_layer": 6, "n_embd": 384, "n_head": 6, "block_size": 128}
-STUDY_BATCH = (8, 2)  # global batch, micro-batch
-MODEL = [*(f"model.{k}={v}" for k, v in STUDY_GPT.items()), f"train.global_batch_size={STUDY_BATCH[0]}",
+STUDY_GPT = GPT_PRESETS[STUDY]
+MODEL = [*overrides(STUDY_GPT), f"train.global_batch_size={STUDY_BATCH[0]}",
          f"train.micro_batch_size={STUDY_BATCH[1]}", "data=synthetic"]
 
 
@@ -124,7 +127,6 @@ def study_buckets(cap: float, count: int, nbytes: int) -> tuple[float, ...]:
     """The engine's bucket sizes (launch order) for the study's GPT at `cap`; equal shares of
     the measured bytes where the run had another number of buckets."""
     from ..buckets import TensorSpec, assign_buckets
-    from ..train.model import GPT, GPTConfig
 
     with torch.device("meta"):
         params = [p for p in GPT(GPTConfig(**STUDY_GPT)).parameters() if p.requires_grad]
@@ -189,23 +191,22 @@ def main(argv=None) -> None:
     cal = calibration(args.calibration, args.preset)
     runs = collect(args, variants, worlds, caps, out_dir, group)
     results = analyse(runs, cal)
-    table = report(args, group, cal, len(os.sched_getaffinity(0)), results)
-    table += load_note(runs)
-    print(table)
+    blocks = report(args, group, cal, len(os.sched_getaffinity(0)), results) + load_note(runs)
+    print(render.markdown(blocks))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".md").write_text(table + "\n")
+    render.write(args.out + ".md", blocks, {"results": results})
     plot([r for r in results if r["variant"] == "ddp"], worlds, caps, args.out + ".png")
     print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
 
 
-def load_note(runs: dict) -> str:
+def load_note(runs: dict) -> list[str]:
     loads = sorted(r["load"] for rs in runs.values() for r in rs if r.get("load") is not None)
     if not loads:
-        return ""
-    return (f"\n\nMachine load (1-minute load average as each run ended, {len(os.sched_getaffinity(0))} "
+        return []
+    return [f"Machine load (1-minute load average as each run ended, {len(os.sched_getaffinity(0))} "
             f"cores): median {statistics.median(loads):.1f}, range {loads[0]:.1f}-{loads[-1]:.1f}. Other "
             "work on the shared machine slows communication and compute unevenly: that is what the "
-            "spreads show.")
+            "spreads show."]
 
 
 def analyse(runs: dict, cal: Calibration) -> list[dict]:
@@ -224,40 +225,42 @@ def analyse(runs: dict, cal: Calibration) -> list[dict]:
     return results
 
 
-def report(args, group, cal, cores, results) -> str:
-    f = cal.fabric
+def report(args, group, cal, cores, results) -> list:
+    """The report's blocks (render.markdown)."""
+    f, gpt, (batch, _) = cal.fabric, STUDY_GPT, STUDY_BATCH
     cmd = (f"minddp scaling --worlds {args.worlds} --caps {args.caps} --repeats {args.repeats} "
            f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
     if args.reuse:  # the runs of an earlier study, predicted again (e.g. after make calibrate)
         cmd += f" --reuse {Path(args.reuse).name}"
-    lines = [f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
-             f"W&B group `{group}`; GPT 6 layers x 384 (10.8M parameters), global batch 8 x 128 tokens, "
-             f"1 thread per rank on {cores} cores; {args.repeats} run(s) of each configuration in "
-             "rotated order, medians (spread: min-max over the runs; the machine is shared, so "
-             "single runs are noisy). Prediction: `costmodel.predict_ddp_comm` with "
-             f"alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s{own_fits(cal)}, "
-             f"contention x{cal.contention:.2f}, "
-             f"engine {cal.overhead_per_bucket_s * 1e6:.0f} us per bucket, completion floor "
-             f"{cal.floor_per_bucket_s * 1e3:.2f} ms per bucket under backward ({f.note}).", "",
-             "| world | cap (MB) | variant | buckets | step (ms) | step spread (ms) | tokens/s | efficiency "
-             "| busy measured (ms) | busy spread (ms) | busy predicted (ms) | predicted / measured "
-             "| collectives alone / measured | exposed measured (ms) | exposed predicted (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    with torch.device("meta"):  # the study GPT's size, without building it
+        size = f" ({sum(p.numel() for p in GPT(GPTConfig(**gpt)).parameters()) / 1e6:.1f}M parameters)"
+    head = (f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
+            f"W&B group `{group}`; GPT {gpt['n_layer']} layers x {gpt['n_embd']}{size}, global batch "
+            f"{batch} x {gpt['block_size']} tokens, 1 thread per rank on {cores} cores; "
+            f"{args.repeats} run(s) of each configuration in rotated order, medians (spread: min-max "
+            "over the runs; the machine "
+            "is shared, so single runs are noisy). Prediction: `costmodel.predict_ddp_comm` with "
+            f"alpha {f.alpha * 1e6:.0f} us, beta {f.beta / 1e9:.2f} GB/s{own_fits(cal)}, "
+            f"contention x{cal.contention:.2f}, engine {cal.overhead_per_bucket_s * 1e6:.0f} us per bucket, "
+            f"completion floor {cal.floor_per_bucket_s * 1e3:.2f} ms per bucket under backward ({f.note}).")
+    header = ["world", "cap (MB)", "variant", "buckets", "step (ms)", "step spread (ms)", "tokens/s",
+              "efficiency", "busy measured (ms)", "busy spread (ms)", "busy predicted (ms)",
+              "predicted / measured", "collectives alone / measured", "exposed measured (ms)",
+              "exposed predicted (ms)"]
+    return [head, render.table(header, [row(r) for r in results]), *reading(results, cal)]
+
+
+def row(r: dict) -> list[str]:
     ms = lambda x: f"{x * 1e3:.1f}"  # noqa: E731
-    for r in results:
-        eff = "oversubscribed" if r["oversubscribed"] else f"{r['efficiency']:.2f}"
-        eff = "-" if eff == "nan" else eff  # no world-1 run at this cap
-        multi = r["world"] > 1 and r["busy_s"]
-        ratio = f"{r['predicted_busy_s'] / r['busy_s']:.2f}" if multi else "-"
-        bare = f"{r['alone_s'] / r['busy_s']:.2f}" if multi else "-"
-        lines.append(f"| {r['world']} | {r['cap']:g} | {r['variant']} | {r['collectives']} | "
-                     f"{ms(r['step_s'])} | {ms(r['step_spread'][0])}-{ms(r['step_spread'][1])} | "
-                     f"{r['tokens_per_s']:.0f} | {eff} | {ms(r['busy_s'])} | "
-                     f"{ms(r['busy_spread'][0])}-{ms(r['busy_spread'][1])} | "
-                     f"{ms(r['predicted_busy_s'])} | {ratio} | {bare} | {ms(r['exposed_s'])} | "
-                     f"{ms(r['predicted_exposed_s'])} |")
-    lines += ["", *reading(results, cal)]
-    return "\n".join(lines)
+    eff = "oversubscribed" if r["oversubscribed"] else f"{r['efficiency']:.2f}"
+    eff = "-" if eff == "nan" else eff  # no world-1 run at this cap
+    multi = r["world"] > 1 and r["busy_s"]
+    ratio = f"{r['predicted_busy_s'] / r['busy_s']:.2f}" if multi else "-"
+    bare = f"{r['alone_s'] / r['busy_s']:.2f}" if multi else "-"
+    return [r["world"], f"{r['cap']:g}", r["variant"], r["collectives"], ms(r["step_s"]),
+            f"{ms(r['step_spread'][0])}-{ms(r['step_spread'][1])}", f"{r['tokens_per_s']:.0f}", eff,
+            ms(r["busy_s"]), f"{ms(r['busy_spread'][0])}-{ms(r['busy_spread'][1])}",
+            ms(r["predicted_busy_s"]), ratio, bare, ms(r["exposed_s"]), ms(r["predicted_exposed_s"])]
 
 
 def own_fits(cal: Calibration) -> str:
@@ -271,7 +274,7 @@ def advice(results, cal: Calibration) -> str:
     if len(w2) < 2:
         return ""
     fastest = min(w2, key=lambda r: r["step_s"])
-    backward = statistics.median((r["step_s"] - r["exposed_s"]) * 2 / 3 for r in w2)
+    backward = statistics.median((r["step_s"] - r["exposed_s"]) * cal.backward_share for r in w2)
     cap, _ = best_bucket_mb(w2[0]["bytes"] / 4, 4, 2, cal.fabric.alpha, cal.fabric.beta, backward,
                             candidates=sorted(r["cap"] for r in w2), calibration=cal)
     return (f"Bucket advice: `costmodel.best_bucket_mb` with this calibration picks {cap:g} MB for this "
@@ -297,11 +300,12 @@ def reading(results, cal: Calibration) -> list[str]:
                 f"alpha-beta fit); one that starts while backward still runs on the same cores waits "
                 f"{under[1] * 1e3:.2f} ms first and progresses x{under[0]:.2f} slower until backward "
                 "ends, at full speed after. Both are fitted by `make calibrate` from the engine itself "
-                "at other caps (3, 8, 12 and 16 MB): they take in cores shared with compute, the "
-                "completion callback and the ranks' skew. The column `collectives alone` is the same model "
-                "with nothing beside the collectives: what backward's company costs. ZeRO-1's reduce-scatter "
-                "(n in-place reduces on gloo) has its own alone and under-backward fits; the optimizer "
-                "overlap is predicted as DDP, though its bucket steps compete with the buckets still in "
+                f"at other caps ({', '.join(f'{c:g}' for c in UNDER_CAPS)} MB): they take in cores shared "
+                "with compute, the completion callback and the ranks' skew. The column `collectives "
+                "alone` is the same model with nothing beside the collectives: what backward's company "
+                "costs. ZeRO-1's reduce-scatter (n in-place reduces on gloo) has its own alone and "
+                "under-backward fits; the optimizer overlap is predicted as DDP, though its bucket steps "
+                "compete with the buckets still in "
                 "flight after backward, which the model leaves out")
     small = min(w1.values(), key=lambda r: r["cap"]) if w1 else None
     if small and small["collectives"] > 1:
@@ -315,7 +319,7 @@ def reading(results, cal: Calibration) -> list[str]:
     if any(r["oversubscribed"] for r in results):
         out += (" Oversubscribed rows (more ranks than cores) time-share cores, which no per-collective "
                 "model captures, and their efficiency is not reported.")
-    return [out] + (["", advice(results, cal)] if advice(results, cal) else [])
+    return [out] + ([advice(results, cal)] if advice(results, cal) else [])
 
 
 def plot(results, worlds, caps, png) -> None:
