@@ -125,3 +125,41 @@ def train_until_sigterm(run_dir, *overrides, rows: int, timeout: float = 120) ->
             agent.kill()
     return out
 
+
+
+@pytest.fixture
+def in_process_trainer(monkeypatch, tmp_path):
+    """`make(*overrides, run_dir=None)` builds minddp's Trainer in this process (world 1, gloo):
+    for the tests where a subprocess adds nothing but seconds. What the trainer changes
+    process-wide is put back after the test: its stop handlers, the process group, hooks and
+    tracker; torch's flight recorder stays off (it aborts the interpreter at exit)."""
+    import signal
+
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+
+    from minddp.train.config import register
+    from minddp.train.trainer import Trainer
+
+    register()
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    made = []
+
+    def make(*overrides, run_dir=None) -> Trainer:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["wandb.mode=disabled", "train.flight_recorder=0", *overrides])
+        made.append(Trainer(cfg, str(run_dir or tmp_path / "run")))
+        return made[-1]
+
+    yield make
+    for t in made:
+        if hasattr(t, "tracker"):
+            t.tracker.close()
+        if hasattr(t, "ddp"):
+            t.ddp.remove_hooks()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)

@@ -117,18 +117,19 @@ def test_peak_meter_sees_an_allocation_after_its_baseline():
 def test_separate_jobs_report_every_configuration(tmp_path):
     out = tmp_path / "mem"
     p = subprocess.run([sys.executable, "-m", "minddp", "bench-memory", "--models", "gpt-tiny", "--dp", "2",
-                        "--configs", "local,torch-ddp,minddp-ddp,minddp-zero1,minddp-overlap", "--steps", "2",
+                        "--configs", "torch-ddp,minddp-ddp,minddp-zero1", "--steps", "2",
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads((tmp_path / "mem.json").read_text())
     assert data["version"]  # the commit measured
     rows = {r["config"]: r for r in data["rows"]}
-    assert rows.keys() == {"local", "torch-ddp", "minddp-ddp", "minddp-zero1", "minddp-overlap"}
+    # three jobs (what each configuration holds is checked in process above, every configuration)
+    assert rows.keys() == {"torch-ddp", "minddp-ddp", "minddp-zero1"}
     for r in rows.values():
         assert [x["rank"] for x in r["ranks"]] == [0, 1] and all(x["peak"] > 0 for x in r["ranks"])
         assert list(r["ranks"][0]["marks"]) == ["init", "model", "wrap", "step1", "step2"]
     states = {c: bm.largest(r, "states") for c, r in rows.items()}
-    assert states["minddp-ddp"] == states["torch-ddp"] == states["local"] == states["minddp-overlap"]
+    assert states["minddp-ddp"] == states["torch-ddp"]
     assert states["minddp-zero1"] < 0.6 * states["minddp-ddp"]  # 1/2, plus the per-tensor step counters
     text = (tmp_path / "mem.md").read_text()
     assert "minddp ZeRO-1 vs minddp DDP" in text and "| 2 | minddp-zero1 |" in text

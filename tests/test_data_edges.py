@@ -289,22 +289,14 @@ def test_a_broken_folder_exits_2_on_every_rank_without_a_traceback(tmp_path):
     assert "exitcode  : 2" in out  # torchrun's report of the worker's exit code
 
 
-def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch, caplog):
+def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch, caplog, in_process_trainer):
     """In process: llm.c GPT-2 shards, no model.vocab_size, a relative data.dir."""
-    import signal
-
     import torch
-    import torch.distributed as dist
-    from hydra import compose, initialize_config_dir
 
     from minddp.train import trainer as trainer_mod
-    from minddp.train.config import register
 
-    register()
     llmc_folder(tmp_path / "shards", n=400)
     monkeypatch.chdir(tmp_path)
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(key, raising=False)
     seen = {}
 
     class Recording(trainer_mod.Tracker):
@@ -313,24 +305,13 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
             super().__init__(run_dir, config, *args, **kwargs)
 
     monkeypatch.setattr(trainer_mod, "Tracker", Recording)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "data=tokens", "data.dir=shards", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-            "model.block_size=16", "train.global_batch_size=8", "train.micro_batch_size=4",
-            "train.eval_every=0", "train.max_steps=2", "wandb.mode=disabled", "train.flight_recorder=0"])
     run = tmp_path / "run"
-    t = trainer_mod.Trainer(cfg, str(run))
-    try:
-        with caplog.at_level(logging.INFO, logger="minddp"):
-            t.setup()
-            t.save(0)
-    finally:
-        t.tracker.close()
-        t.ddp.remove_hooks()
-        dist.destroy_process_group()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    t = in_process_trainer("data=tokens", "data.dir=shards", "model.n_layer=1", "model.n_embd=32",
+                           "model.n_head=2", "model.block_size=16", "train.global_batch_size=8",
+                           "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=2", run_dir=run)
+    with caplog.at_level(logging.INFO, logger="minddp"):
+        t.setup()
+        t.save(0)
     folder = str(tmp_path / "shards")
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["model"]["vocab_size"] == 50_257 and info["config"]["data"]["dir"] == folder

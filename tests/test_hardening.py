@@ -113,38 +113,20 @@ def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
     assert os.path.exists(run_dir / "checkpoints" / "ckpt_00001000.pt")
 
 
-def test_trainer_api_in_process_save_and_load_round_trip(tmp_path, monkeypatch):
+def test_trainer_api_in_process_save_and_load_round_trip(tmp_path, in_process_trainer):
     """The loop's pieces as a library: setup, run_step, save, load (one process, no torchrun)."""
-    import signal
-
-    import torch.distributed as dist
-
-    from minddp.train.trainer import Trainer
-
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(key, raising=False)
-    # the trainer installs its stop handlers in this process: put the old ones back after
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    cfg = _cfg("data=synthetic", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-               "model.block_size=16", "train.global_batch_size=8", "train.micro_batch_size=4",
-               "train.eval_every=0", "train.max_steps=100", "wandb.mode=disabled", "optim.warmup_steps=1",
-               "train.flight_recorder=0")  # no process-wide recorder settings left behind
-    trainer = Trainer(cfg, str(tmp_path))
-    try:
-        trainer.setup()
-        losses = [trainer.train_step(step).loss for step in (1, 2, 3)]
-        trainer.save(3)
-        saved = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-        after = trainer.train_step(4).loss
-        assert any(not torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())
-        assert trainer.load(tmp_path / "checkpoints" / "ckpt_00000003.pt") == 3
-        for k, v in trainer.model.state_dict().items():
-            assert torch.equal(saved[k], v), k
-        assert trainer.train_step(4).loss == pytest.approx(after, abs=1e-6)  # the same step 4 again
-        assert all(torch.isfinite(torch.tensor(losses)))
-    finally:
-        trainer.tracker.close()
-        trainer.ddp.remove_hooks()
-        dist.destroy_process_group()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    trainer = in_process_trainer(
+        "data=synthetic", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16",
+        "train.global_batch_size=8", "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=100",
+        "optim.warmup_steps=1", run_dir=tmp_path)
+    trainer.setup()
+    losses = [trainer.train_step(step).loss for step in (1, 2, 3)]
+    trainer.save(3)
+    saved = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    after = trainer.train_step(4).loss
+    assert any(not torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.load(tmp_path / "checkpoints" / "ckpt_00000003.pt") == 3
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(saved[k], v), k
+    assert trainer.train_step(4).loss == pytest.approx(after, abs=1e-6)  # the same step 4 again
+    assert all(torch.isfinite(torch.tensor(losses)))

@@ -142,11 +142,13 @@ def test_multirun_sweep_single_process(tmp_path):
     assert lrs[1] == pytest.approx(2 * lrs[0])
 
 
-def test_text_data_from_a_folder(tmp_path):
-    run_train(tmp_path / "run", "model=mlp", "data=text", f"data.path={ROOT / 'minddp'}",
-              f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=25", "train.global_batch_size=8",
-              "train.micro_batch_size=4", "train.eval_samples=16", "optim.lr=3e-3", "optim.warmup_steps=2",
-              "wandb.mode=disabled")
+def test_text_data_from_a_folder(tmp_path, in_process_trainer):
+    t = in_process_trainer("model=mlp", "data=text", f"data.path={ROOT / 'minddp'}",
+                           f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=25",
+                           "train.global_batch_size=8", "train.micro_batch_size=4", "train.eval_samples=16",
+                           "optim.lr=3e-3", "optim.warmup_steps=2", run_dir=tmp_path / "run")
+    t.setup()
+    t.fit()
     rows = metrics(tmp_path / "run")
     assert len(rows) == 25 and "val_loss" in rows[-1]
     # it learns: ln 256 = 5.55 at initialisation, well below after 25 steps on a fixed seed
