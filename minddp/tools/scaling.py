@@ -53,15 +53,13 @@ VARIANTS = {"ddp": [], "zero1": ["ddp.shard_optimizer=true"],
 
 
 def available_variants(spec: str) -> list[str]:
-    """`auto`: DDP, ZeRO-1, and the optimizer overlap where the trainer has that key."""
-    if spec != "auto":
-        bad = [v for v in spec.split(",") if v not in VARIANTS]
-        if bad:
-            raise SystemExit(f"minddp scaling: unknown variant(s) {', '.join(bad)}; of {', '.join(VARIANTS)}")
-        return spec.split(",")
-    from ..train.config import DDPConfig
-
-    return ["ddp", "zero1"] + (["overlap"] if "optimizer_overlap" in DDPConfig.__dataclass_fields__ else [])
+    """`auto`: every variant (DDP, ZeRO-1, the optimizer overlap)."""
+    if spec == "auto":
+        return list(VARIANTS)
+    bad = [v for v in spec.split(",") if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"minddp scaling: unknown variant(s) {', '.join(bad)}; of {', '.join(VARIANTS)}")
+    return spec.split(",")
 
 
 def run_name(variant: str, world: int, cap: float, repeat: int) -> str:
