@@ -123,6 +123,7 @@ def test_report_table_and_figure_hold_the_runs_numbers(tmp_path, drawn_figures):
     assert lines == [([1, 2], [1000, 1600]), ([2], [2000])], lines
 
 
+@pytest.mark.slow  # matplotlib, seconds
 def test_scaling_table_and_figure_hold_the_runs_numbers(tmp_path, drawn_figures, monkeypatch):
     from minddp.tools import scaling
 

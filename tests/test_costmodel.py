@@ -153,6 +153,7 @@ def _calibrate(rank, world_size, path):
     return cal
 
 
+@pytest.mark.slow  # a real (quick) calibration: seconds
 def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     path = tmp_path / "calibration.json"
     cal_dict = multiproc.run(_calibrate, 2, str(path), timeout=180)[0]

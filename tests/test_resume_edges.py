@@ -184,6 +184,7 @@ def test_a_dangling_checkpoints_link_is_refused_naming_it(tmp_path, mode):
 
 
 # ------------------------------------------------------------- 5. checksums
+@pytest.mark.slow  # thousands of loads: seconds
 def test_every_bit_flip_is_detected_or_changes_nothing_loaded(tmp_path, cfg):
     path = checkpoint.save(tmp_path, 2, _state(cfg, 2))
     data = path.read_bytes()
