@@ -56,7 +56,10 @@ class OverlappedOptimizer(ReplicatedOptimizer):
 
     @torch.no_grad()
     def _step_bucket(self, b: int) -> None:
-        """Step bucket b's parameters now (the engine calls it once bucket b is reduced)."""
+        """Step bucket b's parameters now (the engine calls it once bucket b is reduced). The one
+        torch optimizer steps, its groups cut down to bucket b for the call and put back after:
+        an optimizer per bucket would step without the user's optimizer's step hooks and its
+        LR scheduler's bookkeeping (it warns when its optimizer never stepped)."""
         opt, cut = self.optim, self._bucket_cut(b)
         groups = opt.param_groups
         whole = [g["params"] for g in groups]

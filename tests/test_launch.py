@@ -81,6 +81,15 @@ def _can_make_netns() -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory):
+    """The uninterrupted 2-rank run that every interrupted one (Slurm's time limit, a killed
+    worker, SIGTERM) must end equal to: trained once for the module."""
+    d = tmp_path_factory.mktemp("long_ref")
+    run_train(d, *LONG, nproc=2)
+    return d
+
+
 @pytest.fixture
 def two_hosts():
     reason = _can_make_netns()
@@ -219,9 +228,8 @@ def test_slurm_sweep_array_one_task_per_value(tmp_path, slurm):
         shutil.rmtree(ROOT / "outputs" / f"sweep-{jid}", ignore_errors=True)
 
 
-def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slurm):
-    ref = tmp_path / "ref"
-    run_train(ref, *LONG, nproc=2)
+def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slurm, long_reference):
+    ref = long_reference
     run_dir = tmp_path / "run"
     jid = sbatch(slurm, "single_node.sbatch", *LONG,
                  sbatch_args=["--cpus-per-task=2", f"--output={tmp_path}/%x-%j.out"],
@@ -247,9 +255,8 @@ def assert_same_model(a, b):
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_elastic_restart_after_a_killed_worker_resumes_to_the_same_result(tmp_path):
-    ref = tmp_path / "ref"
-    run_train(ref, *LONG, nproc=2)
+def test_elastic_restart_after_a_killed_worker_resumes_to_the_same_result(tmp_path, long_reference):
+    ref = long_reference
     run_dir = tmp_path / "run"
     cmd = [str(BIN / "torchrun"), "--nnodes=1:2", "--nproc_per_node=2", "--max-restarts=1",
            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
@@ -276,9 +283,8 @@ def test_elastic_restart_after_a_killed_worker_resumes_to_the_same_result(tmp_pa
     assert_same_curves(metrics(run_dir), metrics(ref), atol=1e-6)
 
 
-def test_sigterm_checkpoints_and_exits_cleanly_then_resume_matches(tmp_path):
-    ref = tmp_path / "ref"
-    run_train(ref, *LONG, nproc=2)
+def test_sigterm_checkpoints_and_exits_cleanly_then_resume_matches(tmp_path, long_reference):
+    ref = long_reference
     run_dir = tmp_path / "run"
     out = train_until_sigterm(run_dir, *LONG, rows=8)
     assert "stopping after step" in out and "stop signal" in out, out[-4000:]
