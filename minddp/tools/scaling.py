@@ -121,13 +121,19 @@ def accumulation(world: int) -> int:
 
 
 @functools.cache
+def study_params() -> tuple[torch.Tensor, ...]:
+    """The study GPT's trainable parameters on the meta device: shapes, no memory."""
+    with torch.device("meta"):
+        return tuple(p for p in GPT(GPTConfig(**STUDY_GPT)).parameters() if p.requires_grad)
+
+
+@functools.cache
 def study_buckets(cap: float, count: int, nbytes: int) -> tuple[float, ...]:
     """The engine's bucket sizes (launch order) for the study's GPT at `cap`; equal shares of
     the measured bytes where the run had another number of buckets."""
     from ..buckets import TensorSpec, assign_buckets
 
-    with torch.device("meta"):
-        params = [p for p in GPT(GPTConfig(**STUDY_GPT)).parameters() if p.requires_grad]
+    params = study_params()
     plan = assign_buckets([TensorSpec.of(p) for p in params], list(reversed(range(len(params)))), cap)
     if len(plan) != count:
         return tuple([nbytes / count] * count) if count else ()
@@ -230,8 +236,7 @@ def report(args, group, cal, cores, results) -> list:
            f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
     if args.reuse:  # the runs of an earlier study, predicted again (e.g. after make calibrate)
         cmd += f" --reuse {Path(args.reuse).name}"
-    with torch.device("meta"):  # the study GPT's size, without building it
-        size = f" ({sum(p.numel() for p in GPT(GPTConfig(**gpt)).parameters()) / 1e6:.1f}M parameters)"
+    size = f" ({sum(p.numel() for p in study_params()) / 1e6:.1f}M parameters)"
     head = (f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
             f"W&B group `{group}`; GPT {gpt['n_layer']} layers x {gpt['n_embd']}{size}, global batch "
             f"{batch} x {gpt['block_size']} tokens, 1 thread per rank on {cores} cores; "

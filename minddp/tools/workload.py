@@ -20,21 +20,15 @@ STUDY = "gpt-10.8M"
 STUDY_BATCH = (8, 2)  # the studies' global batch and micro-batch (scaling, calibrate)
 
 
-def preset(name: str, **changes) -> dict:
-    """A preset's GPTConfig fields, with `changes` (e.g. bench-ddp's --n-layer) applied."""
-    if name not in GPT_PRESETS:
-        raise SystemExit(f"unknown GPT preset {name!r}; one of {', '.join(GPT_PRESETS)}")
-    return {**GPT_PRESETS[name], **{k: v for k, v in changes.items() if v is not None}}
-
-
-def bench_gpt(n_layer: int, n_embd: int, n_head: int = 6, block_size: int = 128) -> GPTConfig:
+def bench_gpt(n_layer: int, n_embd: int) -> GPTConfig:
     """The study GPT resized by bench-ddp's and timeline's --n-layer/--n-embd."""
-    return GPTConfig(**preset(STUDY, n_layer=n_layer, n_embd=n_embd, n_head=n_head, block_size=block_size))
+    return GPTConfig(**{**GPT_PRESETS[STUDY], "n_layer": n_layer, "n_embd": n_embd})
 
 
-def build(cfg: dict | GPTConfig, device, batch: int, seed: int = 0) -> tuple[GPT, torch.Tensor]:
-    """(the GPT, a (batch, block + 1) batch of tokens), seeded alike on every rank."""
-    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig(**cfg)
+def build(fields: dict, device, batch: int, seed: int = 0) -> tuple[GPT, torch.Tensor]:
+    """(the GPT of these GPTConfig fields, a (batch, block + 1) batch of tokens), seeded alike on
+    every rank."""
+    cfg = GPTConfig(**fields)
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
     return model, torch.randint(0, 256, (batch, cfg.block_size + 1), device=device)
