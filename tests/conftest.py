@@ -13,6 +13,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests import forked  # noqa: E402
 from tests.multiproc import free_port  # noqa: E402
 
 torch.set_num_threads(1)
@@ -73,19 +74,25 @@ def wait_for_step(run_dir, step, timeout):
 
 
 
-def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180):
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "train.py")]
-    else:
-        cmd = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py")]
+def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180, launcher="fork"):
+    """train.py with these overrides on nproc ranks. launcher="fork": forked processes running
+    train.py as `python train.py` would (tests/forked.py: no interpreter start-up, and every
+    rank's exit code in `returncodes`); "torchrun" (nproc > 1) or "python": the command line
+    itself, for what only a fresh interpreter or torchrun's agent shows."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
     if run_dir is not None:
         full_env["MINDDP_RUN_DIR"] = str(run_dir)
-    p = subprocess.run(cmd + list(overrides), capture_output=True, text=True, env=full_env,
-                       cwd=cwd or ROOT, timeout=timeout)
+    if launcher == "fork":
+        p = forked.train_py(overrides, nproc, full_env, cwd, timeout)
+    else:
+        cmd = [sys.executable] if nproc == 1 else [
+            str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+        p = subprocess.run([*cmd, str(ROOT / "train.py"), *overrides], capture_output=True, text=True,
+                           env=full_env, cwd=cwd or ROOT, timeout=timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"exit {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
+        codes = getattr(p, "returncodes", p.returncode)
+        raise AssertionError(f"exit {codes}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
     return p
 
 

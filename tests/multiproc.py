@@ -87,8 +87,19 @@ def _context(fn, args):
         pickle.dumps((fn, args))
     except (pickle.PicklingError, AttributeError, TypeError):
         return mp.get_context("fork")
+    return forkserver()
+
+
+# what every process forked for a test imports once, in the fork server: torch, dynamo (the
+# first optimizer step imports it: 1.2 s), Hydra and train.py
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hydra", "train", "tests.multiproc"]
+
+
+def forkserver():
+    """multiprocessing's fork server (one per test session, itself started clean: no process
+    group threads, no logging handlers or Hydra state from a test that trained in process)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.multiproc"])
+    ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 

@@ -76,7 +76,7 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
     t0 = time.monotonic()
     p = run_train(run_dir, *SMALL, "train.max_steps=8", "train.eval_every=0", "train.timeout_s=4",
                   "train.fault_sleep_step=3", "train.fault_sleep_rank=1", "train.fault_sleep_s=7",
-                  nproc=2, check=False, timeout=120)
+                  nproc=2, check=False, timeout=120, launcher="torchrun")  # its SIGTERM: rank 1's dump
     elapsed = time.monotonic() - t0
     assert p.returncode != 0
     assert elapsed < 45, elapsed  # start-up + 2 steps + the 7 s stall, not a hang

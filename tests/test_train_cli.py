@@ -47,7 +47,7 @@ def test_resume_gives_the_same_run_as_no_interruption(tmp_path):
 
 def test_metrics_jsonl_and_single_run_dir_written_by_rank_0(tmp_path):
     # no MINDDP_RUN_DIR: every rank must still agree on one run directory
-    run_train(None, *SMALL, "train.max_steps=3", nproc=2, cwd=tmp_path)
+    run_train(None, *SMALL, "train.max_steps=3", nproc=2, cwd=tmp_path, launcher="torchrun")
     runs = list((tmp_path / "outputs").iterdir())
     assert len(runs) == 1, runs
     run = runs[0]
