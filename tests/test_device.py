@@ -10,6 +10,7 @@ import torch
 
 from minddp.dist import backend_for, pick_device, select_device
 from minddp.tools import cli
+from tests.multiproc import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,3 +125,23 @@ def test_gpu_check_worker_runs_the_multi_gpu_checks_only_where_they_mean_somethi
             "overlap and comm stats", "memory flat 200 steps", "flight recorder nccl"} <= set(one)
     assert "join" not in one and {"join", "find_unused_parameters"} <= set(eight)
     assert not any(n.startswith("no host sync") for n in gloo)  # gloo copies through the host
+
+
+@pytest.mark.slow
+def test_a_script_that_never_destroys_its_process_group_has_it_destroyed_before_teardown(tmp_path):
+    """Freed during the interpreter's teardown, gloo's last work aborts the process (torch's own
+    DDP script too); init_distributed destroys the group at exit, before that teardown."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import atexit, torch, torch.distributed as dist\n"
+        "from minddp.dist import init_distributed\n"
+        "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))  # runs last\n"
+        "init_distributed()\n"
+        "t = torch.ones(3); dist.all_reduce(t)\n")
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1", "RANK": "0",
+           "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "initialized at exit: False" in p.stdout, p.stdout + p.stderr
