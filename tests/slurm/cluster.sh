@@ -27,7 +27,7 @@ AuthType=auth/munge
 CredType=cred/munge
 # A requeued job waits cred_expire+1 s before it may start again (the old job's credential
 # must expire first); Slurm's default is 120 s, too long for a test.
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 SlurmctldPort=6817
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/%n
@@ -43,6 +43,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# the backfill pass that starts a requeued job every second, not every 30 s
+SchedulerParameters=bf_interval=1
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
