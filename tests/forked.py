@@ -1,18 +1,19 @@
-"""train.py on N forked processes: `python train.py` or torchrun's workers without the
-interpreter's start-up (3 s a process here, most of a short test run).
+"""Commands on N forked processes: `python train.py`, `minddp <tool>`, or torchrun's workers,
+without the interpreter's start-up (3 s a process here, most of a short test run).
 
 Each rank is forked from a clean fork server that has imported torch, Hydra and train.py, gets
 the environment torchrun gives a worker (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) and runs train.py as `python train.py` does (runpy), from Hydra's parsing
-to its exit code; all ranks write to one stdout and one stderr, as under torchrun. What only
-the agent does (restarts, passing on signals, its failure summary, TORCHELASTIC_* variables)
-is tested with torchrun itself.
+MASTER_ADDR, MASTER_PORT) and runs the script or module as `python` would (runpy: train.py as
+__main__, from Hydra's parsing to its exit code); all ranks write to one stdout and one
+stderr, as under torchrun. What only the agent does (restarts, passing on signals, its failure
+summary, TORCHELASTIC_* variables) is tested with torchrun itself.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ GRACE_S = 10.0  # after a rank fails, how long the others get to report before t
 
 
 def _rank_main(argv, env, cwd, out_path, err_path) -> None:
+    """One rank: argv is [script, *args] or ["-m", module, *args], as after `python`."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -37,10 +39,14 @@ def _rank_main(argv, env, cwd, out_path, err_path) -> None:
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-    sys.argv = [str(ROOT / "train.py"), *argv]
     code = 1
-    try:  # as `python train.py` runs it (Hydra finds conf/ beside the __main__ file)
-        runpy.run_path(sys.argv[0], run_name="__main__")  # a run ends in os._exit (exit_worker)
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:  # Hydra finds conf/ beside the __main__ file; a finished run ends in os._exit
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:  # what the interpreter would make of it
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -56,9 +62,9 @@ def _rank_main(argv, env, cwd, out_path, err_path) -> None:
         os._exit(code)
 
 
-def train_py(argv, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.CompletedProcess:
-    """Run train.py with `argv` on nproc ranks; returncode is 0, else the lowest failed rank's
-    code (a signal: minus its number); `returncodes` holds every rank's."""
+def run(argv, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.CompletedProcess:
+    """Run argv (what follows `python`) on nproc ranks; returncode is 0, else the lowest failed
+    rank's code (a signal: minus its number); `returncodes` holds every rank's."""
     env = dict(os.environ if env is None else env)
     if nproc > 1:
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
@@ -75,12 +81,34 @@ def train_py(argv, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.Com
             procs[-1].start()
         codes = _wait(procs, timeout)
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
-    cmd = ["train.py", *argv]
     if codes is None:
-        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
-    p = subprocess.CompletedProcess(cmd, next((c for c in codes if c), 0), stdout, stderr)
+        raise subprocess.TimeoutExpired(list(argv), timeout, stdout, stderr)
+    p = subprocess.CompletedProcess(list(argv), next((c for c in codes if c), 0), stdout, stderr)
     p.returncodes = codes
     return p
+
+
+def train_py(overrides, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.CompletedProcess:
+    return run([str(ROOT / "train.py"), *overrides], nproc, env, cwd, timeout)
+
+
+def command(line: str, env=None, cwd=None, timeout=180.0) -> subprocess.CompletedProcess:
+    """A documented command line: `torchrun [--standalone] --nproc_per_node=N <script | -m mod> ...`,
+    `python <script | -m mod> ...` or `minddp <tool> ...`."""
+    words = shlex.split(line)
+    if words[0] == "minddp":
+        return run(["-m", "minddp", *words[1:]], 1, env, cwd, timeout)
+    if words[0] == "python":
+        return run(words[1:], 1, env, cwd, timeout)
+    assert words[0] == "torchrun", line
+    nproc, rest = 1, words[1:]
+    while rest[0].startswith("--"):
+        if rest[0].startswith(("--nproc_per_node=", "--nproc-per-node=")):
+            nproc = int(rest[0].split("=", 1)[1])
+        elif rest[0] != "--standalone":
+            raise ValueError(f"{rest[0]}: only --standalone and --nproc_per_node are run forked")
+        rest = rest[1:]
+    return run(rest, nproc, env, cwd, timeout)
 
 
 def _wait(procs, timeout) -> list[int] | None:

@@ -4,7 +4,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from minddp.costmodel import busbw_factor
 from minddp.tools import render
 from minddp.tools.bench import OPS, fit_alpha_beta, run_op
-from tests import multiproc
+from tests import forked, multiproc
 from tests.conftest import BIN, ROOT, SMALL, metrics, run_train
 
 
@@ -189,10 +188,9 @@ def test_cli_under_torchrun_writes_json(tmp_path):
 @pytest.mark.slow
 def test_scaling_study_smoke(tmp_path):
     out = tmp_path / "scaling"
-    p = subprocess.run([sys.executable, "-m", "minddp", "scaling", "--worlds", "1,2", "--caps", "25",
-                        "--steps", "4", "--warmup", "1", "--out", str(out), "data=synthetic",
-                        "model.n_layer=1", "wandb.mode=disabled"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    p = forked.run(["-m", "minddp", "scaling", "--worlds", "1,2", "--caps", "25", "--steps", "4",
+                    "--warmup", "1", "--out", str(out), "data=synthetic", "model.n_layer=1",
+                    "wandb.mode=disabled"], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     runs = Path(p.stdout.rsplit("runs in ", 1)[1].strip())
     rows = {r["world"]: r for r in md_rows((tmp_path / "scaling.md").read_text())}
@@ -216,8 +214,7 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
     for nproc, cap in ((1, 0.01), (2, 0.01), (2, 25)):
         run_train(sweep / f"ws{nproc}-cap{cap}", *SMALL, "train.max_steps=3", f"ddp.bucket_cap_mb={cap}",
                   nproc=nproc)
-    p = subprocess.run([sys.executable, "-m", "minddp", "report", str(sweep)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+    p = forked.run(["-m", "minddp", "report", str(sweep)], timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = (sweep / "report.md").read_text()
     assert "swept: world_size, ddp.bucket_cap_mb" in text
@@ -246,12 +243,10 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
 @pytest.mark.slow
 def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     """Smoke runs of `make bench` and `make bench-trainer` at the smallest sizes."""
-    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2"]
     out = tmp_path / "bench_ddp.md"
     # 3 rounds: torch DDP logs its rebuilt bucket sizes only after a few iterations
-    p = subprocess.run([*torchrun, "-m", "minddp", "bench-ddp", "--repeats", "1", "--rounds", "3",
-                        "--steps-per-round", "1", "--n-layer", "1", "--n-embd", "96", "--caps", "0.05",
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = forked.run(["-m", "minddp", "bench-ddp", "--repeats", "1", "--rounds", "3", "--steps-per-round", "1",
+                    "--n-layer", "1", "--n-embd", "96", "--caps", "0.05", "--out", str(out)], 2, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 0.05 |"))
@@ -261,9 +256,9 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     doc = json.loads(out.with_suffix(".json").read_text())  # the measurements, and the md rendered from them
     assert text == render.markdown(doc["blocks"]) + "\n" and doc["data"]["ratios"]["0.05"][0] > 0
     out = tmp_path / "bench_trainer.md"
-    p = subprocess.run([*torchrun, "-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1",
-                        "--steps", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")})
+    env = {**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")}
+    p = forked.run(["-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1", "--steps", "1",
+                    "--out", str(out)], 2, env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     assert "| bare loop |" in text and "| nanoGPT-style loop |" in text

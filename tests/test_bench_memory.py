@@ -2,14 +2,12 @@
 one real run of separate torchrun jobs."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from minddp.tools import bench_memory as bm
-from tests.conftest import ROOT
+from tests import forked
 
 P = 100e6  # bytes of fp32 parameters
 
@@ -116,9 +114,8 @@ def test_peak_meter_sees_an_allocation_after_its_baseline():
 @pytest.mark.slow
 def test_separate_jobs_report_every_configuration(tmp_path):
     out = tmp_path / "mem"
-    p = subprocess.run([sys.executable, "-m", "minddp", "bench-memory", "--models", "gpt-tiny", "--dp", "2",
-                        "--configs", "torch-ddp,minddp-ddp,minddp-zero1", "--steps", "2",
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = forked.run(["-m", "minddp", "bench-memory", "--models", "gpt-tiny", "--dp", "2", "--configs",
+                    "torch-ddp,minddp-ddp,minddp-zero1", "--steps", "2", "--out", str(out)], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads((tmp_path / "mem.json").read_text())
     assert data["version"]  # the commit measured

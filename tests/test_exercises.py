@@ -1,11 +1,10 @@
 """Every command in docs/exercises.md runs and prints what the text says."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked
 from tests.conftest import BIN, ROOT
 
 DOC = (ROOT / "docs" / "exercises.md").read_text()
@@ -34,13 +33,9 @@ def test_every_exercise_has_a_command():
 @pytest.mark.slow
 @pytest.mark.parametrize("command,expected", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_exercise_command(command, expected):
-    words = command.split()
-    if words[0] == "torchrun":
-        words = [str(BIN / "torchrun"), *words[1:]]
-    elif words[0] == "python":
-        words = [sys.executable, *words[1:]]
-    p = subprocess.run(words, cwd=ROOT, capture_output=True, text=True, timeout=180,
-                       env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
+    """Each command on forked ranks (tests/forked.py); torchrun itself runs one of them in
+    test_demos.py::test_cli_under_torchrun_and_help."""
+    p = forked.command(command, env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr[-3000:]
     for text in expected:
         assert text in p.stdout + p.stderr, (text, p.stdout[-3000:])

@@ -1,8 +1,6 @@
 """Long runs and faults through the real CLI: flat memory, a stuck rank, bad settings, soak."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -11,6 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
+from tests import forked
 from tests.conftest import ROOT, SMALL, final_model, metrics, run_train, train_until_sigterm
 
 register()
@@ -81,8 +80,7 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
     assert p.returncode != 0
     assert elapsed < 45, elapsed  # start-up + 2 steps + the 7 s stall, not a hang
     assert "[rank 0] minddp: RuntimeError" in p.stderr and "Timed out" in p.stderr, p.stderr[-3000:]
-    out = subprocess.run([sys.executable, "-m", "minddp", "debug", str(run_dir)], capture_output=True,
-                         text=True, check=True).stdout
+    out = forked.run(["-m", "minddp", "debug", str(run_dir)]).stdout
     assert "ranks [1] never called it" in out, out
     # the step's agreement all-reduce: loss, non-finite, stop, and one memory slot per rank
     assert "all_reduce(float32, shape [5])" in out, out

@@ -1,8 +1,6 @@
 """Bring your own data: nanoGPT's and llm.c's token files, prepare, sample, resume across dp."""
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ from torch.utils.data import DistributedSampler
 
 from minddp.errors import ConfigError
 from minddp.train import data, tokens
+from tests import forked
 from tests.conftest import SMALL, assert_same_curves, metrics, run_train
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
@@ -176,10 +175,9 @@ def test_prepare_train_sample_end_to_end(tmp_path):
     (corpus / "img.bin").write_bytes(b"\0\1\2" * 100)  # binaries in a folder are skipped
     for tok in ("bytes", "bpe"):
         out = tmp_path / f"data-{tok}"
-        p = subprocess.run([sys.executable, "-m", "minddp", "prepare", str(corpus), "--out", str(out),
-                            "--tokenizer", tok, "--val-fraction", "0.1",
-                            *(["--vocab-size", "300"] if tok == "bpe" else [])],
-                           capture_output=True, text=True, timeout=300)
+        bpe = ["--vocab-size", "300"] if tok == "bpe" else []
+        p = forked.run(["-m", "minddp", "prepare", str(corpus), "--out", str(out), "--tokenizer", tok,
+                        "--val-fraction", "0.1", *bpe], timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         assert {f.name for f in out.iterdir()} >= {"train.bin", "val.bin", "meta.pkl", "tokenizer.json"}
         vocab = tokens.read_meta(out)["vocab_size"]
@@ -187,9 +185,8 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         run = tmp_path / f"run-{tok}"
         run_train(run, *TOK, "data=tokens", f"data.dir={out}", "train.max_steps=30", "optim.lr=3e-3",
                   "train.eval_every=0")
-        s = subprocess.run([sys.executable, "-m", "minddp", "sample", str(run), "--prompt", "the quick",
-                            "--tokens", "20", "--temperature", "0"],
-                           capture_output=True, text=True, timeout=120)
+        s = forked.run(["-m", "minddp", "sample", str(run), "--prompt", "the quick", "--tokens", "20",
+                        "--temperature", "0"], timeout=120)
         assert s.returncode == 0, s.stderr[-2000:]
         assert s.stdout.startswith("the quick") and len(s.stdout) > len("the quick") + 5, s.stdout
 
