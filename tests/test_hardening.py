@@ -61,12 +61,12 @@ def test_memory_stays_flat_with_bf16_compression_and_default_settings(tmp_path):
     bucket copies) grew peak RSS from 0.9 to 3.2 GB over 200 steps of this model."""
     run_train(tmp_path / "run", "model=mlp", "model.hidden=1024", "model.n_layer=4", "model.block_size=32",
               "data=synthetic", "train.global_batch_size=16", "train.micro_batch_size=8",
-              "ddp.compress=bf16", "ddp.bucket_cap_mb=1", "train.max_steps=120", "train.log_every=20",
+              "ddp.compress=bf16", "ddp.bucket_cap_mb=1", "train.max_steps=60", "train.log_every=10",
               "train.eval_every=0", "train.ckpt_every=0", "wandb.mode=disabled", nproc=2, timeout=300)
     rss = {r["step"]: r["mem/peak_rss_mb"] for r in metrics(tmp_path / "run")}
-    assert sorted(rss) == [20, 40, 60, 80, 100, 120]
-    # MB: step 20 vs step 6 x 20; the leak this guards against grew ~11 MB per step here
-    assert rss[120] - rss[20] < 40, rss
+    assert sorted(rss) == [10, 20, 30, 40, 50, 60]
+    # MB: step 10 vs step 60; the leak this guards against grew ~11 MB per step here
+    assert rss[60] - rss[10] < 40, rss
 
 
 @pytest.mark.slow
