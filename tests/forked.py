@@ -46,6 +46,7 @@ def _rank_main(argv, env, cwd, out_path, err_path) -> None:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:  # Hydra finds conf/ beside the __main__ file; a finished run ends in os._exit
             sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python script` does
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:  # what the interpreter would make of it
