@@ -42,12 +42,17 @@ sweep: install  ## a Hydra sweep, one process per job, one W&B group (SWEEP='key
 	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-multirun/$$(date +%Y-%m-%d/%H-%M-%S)} \
 	  $(BIN)/python train.py -m $(SWEEP) wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS)
 
-test: install  ## the whole suite but the soak (make soak-faults runs that)
-	$(BIN)/python -m pytest -q -m "not soak"
+# two test files at a time (TEST_WORKERS=0: one): most tests wait on processes, timeouts or Slurm;
+# a file's tests stay on one worker, so a module's fixture (the Slurm cluster) is made once
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# the inner loop (< 2 min): no subprocess, torchrun or build (MINDDP_TEST_FAST=1 refuses them)
-test-fast: install  ## the inner loop (< 2 min): no subprocess, torchrun or build
-	MINDDP_TEST_FAST=1 $(BIN)/python -m pytest -q -m "not slow"
+test: install  ## the whole suite but the soak (make soak-faults runs that)
+	$(PYTEST) -m "not soak"
+
+# the inner loop (< 90 s): no subprocess, torchrun or build (MINDDP_TEST_FAST=1 refuses them)
+test-fast: install  ## the inner loop (< 90 s): no subprocess, torchrun or build
+	MINDDP_TEST_FAST=1 $(PYTEST) -m "not slow"
 
 # Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
