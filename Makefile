@@ -43,16 +43,20 @@ sweep: install  ## a Hydra sweep, one process per job, one W&B group (SWEEP='key
 	  $(BIN)/python train.py -m $(SWEEP) wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS)
 
 # two test files at a time (TEST_WORKERS=0: one): most tests wait on processes, timeouts or Slurm;
-# a file's tests stay on one worker, so a module's fixture (the Slurm cluster) is made once
+# a file's tests stay on one worker, so a module's fixture (the Slurm cluster) is made once.
+# Tests marked serial assert on measured time: they run after, alone.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q
+PARALLEL := $(PYTEST) -n $(TEST_WORKERS) --dist loadfile
 
 test: install  ## the whole suite but the soak (make soak-faults runs that)
-	$(PYTEST) -m "not soak"
+	$(PARALLEL) -m "not soak and not serial"
+	$(PYTEST) -m "serial and not soak"
 
 # the inner loop (< 90 s): no subprocess, torchrun or build (MINDDP_TEST_FAST=1 refuses them)
 test-fast: install  ## the inner loop (< 90 s): no subprocess, torchrun or build
-	MINDDP_TEST_FAST=1 $(PYTEST) -m "not slow"
+	MINDDP_TEST_FAST=1 $(PARALLEL) -m "not slow and not serial"
+	MINDDP_TEST_FAST=1 $(PYTEST) -m "serial and not slow"
 
 # Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
 # pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md

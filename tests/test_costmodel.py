@@ -2,12 +2,10 @@
 
 import math
 import statistics
-import time
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from minddp import costmodel as cm
 from minddp.tools import costmodel as costmodel_cli
@@ -74,29 +72,26 @@ def test_cli_answers_the_question(capsys):
 
 
 def _measure(rank, world_size):
-    sizes = [2**k for k in range(15, 24, 2)]  # 32 KiB .. 8 MiB
-    rows = run_op("all_reduce", sizes, torch.float32, warmup=2, iters=15)
-    alpha, beta = fit_alpha_beta(rows, world_size)
-    # predict a size that was not in the fit, measure it the same way
+    """Predicted / measured time of a size left out of the fit, timed in the same sweep as the
+    fit's sizes (a busy machine slows both alike), the median of 3 sweeps."""
     probe = 3 * 2**21  # 6 MiB
-    predicted = cm.ring_all_reduce_time(probe, world_size, alpha, beta)
-    x = torch.ones(probe // 4)
-    times = []
-    for _ in range(15):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        times.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return predicted, t.item(), alpha, beta
+    sizes = sorted([2**k for k in range(15, 24, 2)] + [probe])  # 32 KiB .. 8 MiB
+    ratios, fits = [], []
+    for _ in range(3):
+        rows = run_op("all_reduce", sizes, torch.float32, warmup=2, iters=15)
+        alpha, beta = fit_alpha_beta([r for r in rows if r["size"] != probe], world_size)
+        measured = next(r["time_us"] for r in rows if r["size"] == probe) * 1e-6
+        ratios.append(cm.ring_all_reduce_time(probe, world_size, alpha, beta) / measured)
+        fits.append((alpha, beta))
+    return statistics.median(ratios), fits
 
 
+@pytest.mark.serial  # 4 busy processes on 2 cores time the scheduler, not gloo
 def test_alpha_beta_fit_predicts_measured_gloo_time():
-    predicted, measured, alpha, beta = multiproc.run(_measure, 2, timeout=120)[0]
-    assert alpha >= 0 and beta > 0
+    ratio, fits = multiproc.run(_measure, 2, timeout=120)[0]
+    assert all(alpha >= 0 and beta > 0 for alpha, beta in fits), fits
     # a shared 2-core VM: timings wander by tens of percent, so the stated tolerance is 2x
-    assert measured / 2 <= predicted <= measured * 2, (predicted, measured, alpha, beta)
+    assert 0.5 <= ratio <= 2, (ratio, fits)
 
 
 def test_tree_against_ring_by_hand():
