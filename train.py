@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minddp.dist import env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.train import flight_recorder
-from minddp.train.config import ConfigError, default_run_dir, register, validate
+from minddp.train.config import ConfigError, default_run_dir, register
 from minddp.train.guard import DivergedError
 from minddp.train.trainer import Trainer
 
@@ -41,7 +41,6 @@ def main(cfg: DictConfig) -> None:
     as_given = OmegaConf.to_container(cfg)  # .hydra/config.yaml: before setup records the data's values
     try:
         check_writable(run_dir)
-        validate(cfg, env_ranks()[2])  # config errors before any process group starts
         trainer = Trainer(cfg, run_dir)
         trainer.setup()
         save_hydra_record(as_given, run_dir)

@@ -407,6 +407,30 @@ def test_a_bad_file_on_one_rank_exits_2_on_every_rank_within_seconds(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tokens", "text"])
+def test_data_missing_on_one_rank_only_exits_2_on_every_rank_within_seconds(tmp_path, kind):
+    """Rank 1's node lacks the folder (or file): found out after the process group exists, agreed,
+    so every rank names it at once (checked before the group existed, rank 1 exited alone)."""
+    from tests.conftest import run_train
+
+    if kind == "tokens":
+        nanogpt(tmp_path / "d0")
+        args = ["data=tokens", f"data.dir={tmp_path}/d${{oc.env:RANK}}"]
+    else:
+        (tmp_path / "d0").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+        args = ["data=text", f"data.path={tmp_path}/d${{oc.env:RANK}}"]
+    t0 = __import__("time").monotonic()
+    p = run_train(tmp_path / "run", *TOK, *args, nproc=2, check=False, timeout=120)
+    took = __import__("time").monotonic() - t0
+    assert p.returncodes == [2, 2], p.stderr[-3000:]
+    missing = f"{tmp_path}/d1' " + ("is not a folder" if kind == "tokens" else "does not exist")
+    for rank in (0, 1):
+        assert f"[rank {rank}] minddp: configuration error: on rank 1 (1 of 2 ranks failed): " in p.stderr
+    assert p.stderr.count(missing) == 2, p.stderr[-3000:]
+    assert took < 20, took
+
+
+@pytest.mark.slow
 def test_resume_on_data_changed_under_the_same_folder_is_refused(tmp_path):
     from tests.conftest import run_train
 

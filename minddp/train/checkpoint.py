@@ -225,6 +225,8 @@ def resolve(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dic
         return None, None
     folder = resume_run_dir(resume)
     if folder is None and resume != "auto":
+        if not os.path.exists(resume):
+            raise CheckpointError(f"train.resume={resume!r}: no such checkpoint (use none, auto or a path)")
         return _accepted(Path(resume), load(resume, device), accept)
     if folder is not None and os.path.realpath(folder) != os.path.realpath(run_dir):
         raise CheckpointError(

@@ -3,7 +3,9 @@
 The YAML files in conf/ only set values; these classes say which keys exist and
 their types, so `train.max_stepz=5` or `train.max_steps=five` fails while Hydra
 composes the config, before any process group starts. Checks that need the
-world size (batch divisibility, mesh layout) are in `validate()`.
+world size (batch divisibility, mesh layout) are in `validate()`, which the Trainer runs
+once, also before any process group; what depends on a rank's files (the data, a checkpoint)
+is checked after, agreed across ranks (load_data_agreed, checkpoint.resolve_agreed).
 """
 
 from __future__ import annotations
@@ -225,13 +227,8 @@ def validate(cfg, world_size: int) -> dict:
         )
     if cfg.wandb.mode not in ("auto", "online", "offline", "disabled"):
         raise ConfigError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.wandb.mode!r}")
-    if t.resume not in ("none", "auto") and not os.path.exists(t.resume):
-        raise ConfigError(f"train.resume={t.resume!r}: no such checkpoint (use none, auto or a path)")
     if t.on_nonfinite not in ("skip", "stop"):
         raise ConfigError(f"train.on_nonfinite must be skip or stop, got {t.on_nonfinite!r}")
-    if cfg.data.name == "text" and cfg.data.path is not None:
-        if not os.path.exists(cfg.data.path):
-            raise ConfigError(f"data.path={cfg.data.path!r} does not exist: give a text file or a folder")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
     for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
@@ -339,7 +336,7 @@ def _setting_problems(cfg):
     if t.peak_tflops is not None and not t.peak_tflops > 0:
         yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
     if data.name == "tokens":
-        if not data.dir or not os.path.isdir(data.dir):
+        if not data.dir:  # whether it is a folder: load_data_agreed, the same answer on every rank
             yield f"data.dir={data.dir!r} is not a folder: data=tokens needs data.dir=<folder of token files>"
         if data.dtype not in ("auto", "uint8", "uint16", "uint32"):
             yield f"data.dtype must be auto, uint8, uint16 or uint32, got {data.dtype!r}"

@@ -164,6 +164,9 @@ _FORMATS = {"nanoGPT bin": "nanoGPT bin", "llm.c v1": "llm.c shards v1 (GPT-2)",
 
 def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
     """(train, val, info) of a data=tokens folder, every file opened and checked."""
+    if not Path(data_cfg.dir).is_dir():
+        raise ConfigError(f"data.dir={data_cfg.dir!r} is not a folder: data=tokens needs data.dir=<folder of "
+                          "token files>")
     folder = tokens.open_folder(data_cfg.dir, data_cfg.dtype, vocab_size, block_size)
     sets = {s: TokenWindows([sh.tokens for sh in shards], block_size) for s, shards in folder.splits.items()}
     info = DataInfo(_FORMATS[folder.kinds[0]], folder.vocab_size, folder.vocab_source, str(folder.dir),
@@ -178,6 +181,8 @@ def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Datas
     if vocab_size and vocab_size < tokens.BYTE_VOCAB:
         raise ConfigError(f"model.vocab_size={vocab_size} is too small for data=text: its ids are bytes "
                           "(0-255); drop model.vocab_size or set it >= 256")
+    if data_cfg.path is not None and not Path(data_cfg.path).exists():
+        raise ConfigError(f"data.path={data_cfg.path!r} does not exist: give a text file or a folder")
     ids = load_corpus(data_cfg.path, data_cfg.max_bytes, data_cfg.cache_dir)
     split = int(len(ids) * (1 - data_cfg.val_fraction))
     parts = {"train": ids[:split], "val": ids[split:]}

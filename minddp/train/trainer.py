@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from .. import _compat, transfer
 from .. import tensor_parallel as tp
 from ..ddp import DistributedDataParallel
-from ..dist import init_distributed
+from ..dist import env_ranks, init_distributed
 from ..mesh import Mesh
 from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
 from .atomic import atomic_write
@@ -64,9 +64,9 @@ class Trainer:
     def setup(self) -> None:
         cfg, t = self.cfg, self.t
         detail = cfg.ddp.debug or flight_recorder.env_detail()
+        derived = validate(cfg, env_ranks()[2])  # the settings, before any process group uses them
         flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
         self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
-        derived = validate(cfg, info.world_size)
         self.dims, self.accum = derived["dims"], derived["accum"]
         self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
         flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
