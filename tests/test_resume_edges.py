@@ -183,6 +183,11 @@ def test_a_dangling_checkpoints_link_is_refused_naming_it(tmp_path, mode):
         checkpoint.resolve(tmp_path, mode, "cpu")
 
 
+def test_a_missing_resume_file_is_a_configuration_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.resume='/no/such.pt': no such checkpoint"):
+        checkpoint.resolve(tmp_path, "/no/such.pt", "cpu")
+
+
 # ------------------------------------------------------------- 5. checksums
 @pytest.mark.slow  # thousands of loads: seconds
 def test_every_bit_flip_is_detected_or_changes_nothing_loaded(tmp_path, cfg):
