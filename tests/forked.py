@@ -73,7 +73,8 @@ def run(argv, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.Complete
     ctx = forkserver()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        out.touch(), err.touch()
+        for f in (out, err):
+            f.touch()  # every rank appends to these two, as torchrun's workers share its output
         procs = []
         for rank in range(nproc):
             rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if nproc > 1 else env
