@@ -139,7 +139,12 @@ def _shutdown_at_exit() -> None:
     """For a script that ends without destroy_process_group: gloo's threads still hold the last
     collectives' work, and freed during the interpreter's teardown it aborts the process
     ("terminate called without an active exception", pytorch#179291: 3 of 6 two-rank runs of
-    README's snippet here, 0 of 12 with this). Destroyed while Python is still whole."""
+    README's snippet here, 0 of 12 with this). Destroyed while Python is still whole; not after
+    an uncaught exception, when peers may be inside a collective that destroying would wait on."""
+    import sys
+
+    if getattr(sys, "last_value", None) is not None:
+        return
     shutdown()
     gc.collect()
 
