@@ -306,11 +306,13 @@ class DistributedDataParallel(nn.Module):
         finally:
             self.require_backward_grad_sync = old
 
-    def join(self, divide_by_initial_world_size: bool = True):
-        """Uneven inputs (torch's `Join`): wrap the training loop; a rank that runs out of data
-        shadows the others' collectives until every rank is done (minddp.join). Gradients are
-        averaged over the initial world size, or over the ranks still training."""
-        return _join.join(self, divide_by_initial_world_size)
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False):
+        """Uneven inputs (torch's `Join`, torch's arguments): wrap the training loop; a rank that
+        runs out of data shadows the others' collectives until every rank is done (minddp.join).
+        Gradients are averaged over the initial world size, or over the ranks still training."""
+        return _join.join(self, enable=enable, throw_on_early_termination=throw_on_early_termination,
+                          divide_by_initial_world_size=divide_by_initial_world_size)
 
     def on_reduced(self, fn) -> None:
         """Call fn(b) right after bucket b is reduced, in bucket order (later buckets in flight)."""
