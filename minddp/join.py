@@ -11,6 +11,15 @@ the rank that trained longest (ties: the highest rank), as torch's Join does.
 Gradients are averaged over the initial world size (torch's default) or, with
 divide_by_initial_world_size=False, over the ranks still training (`grad_scale`).
 
+torch's other two arguments: `enable=False` makes the context a no-op (the inputs are known
+to be even: no all-gather per forward); `throw_on_early_termination=True` makes every rank
+raise torch's RuntimeError once one rank runs out of inputs (the rank that ran out:
+"Rank r exhausted all inputs."; the others at their next forward: "Detected at least one
+rank that exhausted inputs. Throwing across all ranks."), for models with collectives of
+their own (SyncBatchNorm) that a joined rank cannot shadow. It costs the same one
+all-gather per forward; nothing is shadowed and no final model is broadcast unless every
+rank ran out at once (then the model sync below runs, as torch's post-hook does).
+
 The engine calls this module at two points only: `on_forward` in its forward and
 `grad_scale` when its wait is over.
 """
@@ -27,8 +36,8 @@ from .collectives import broadcast_coalesced
 
 
 class Join:
-    def __init__(self, ddp, divide: bool):
-        self.ddp, self.divide = ddp, divide
+    def __init__(self, ddp, divide: bool, throw: bool = False):
+        self.ddp, self.divide, self.throw = ddp, divide, throw
         self.iters, self.active = 0, ddp.world_size
         self.ranks = dist.get_process_group_ranks(ddp.process_group)
 
@@ -47,7 +56,10 @@ class Join:
 
     def on_forward(self, sync: bool, bcast: bool) -> int:
         """A training rank's forward: returns the rank to broadcast buffers from."""
-        return self.exchange(1, sync, bcast)[3]
+        active, _, _, src = self.exchange(1, sync, bcast)
+        if self.throw and active < self.ddp.world_size:  # torch's text (Join.notify_join_context)
+            raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing across all ranks.")
+        return src
 
     def grad_scale(self) -> float | None:
         """Factor for the reduced gradients: average over the ranks still training."""
@@ -61,6 +73,8 @@ class Join:
             active, sync, bcast, src = self.exchange(0, False, False)
             if active == 0:
                 break
+            if self.throw:  # the others raise at this forward's exchange (on_forward)
+                raise RuntimeError(f"Rank {dist.get_rank(ddp.process_group)} exhausted all inputs.")
             if bcast:
                 broadcast_coalesced(ddp.module_buffers, ddp.process_group, src)
             if sync:  # the others reduce their gradients now: take part with zeros, in order
@@ -69,7 +83,11 @@ class Join:
                     f.wait()
                 if not ddp.rebuilt:  # the others rebuild after their first iteration
                     ddp.rebuild([])
-        # everyone is done: the rank that trained longest has the model the others take
+        self.sync_final_model()
+
+    def sync_final_model(self) -> None:
+        """Everyone is done: the rank that trained longest has the model the others take."""
+        ddp = self.ddp
         me = self.ranks.index(dist.get_rank())
         key = torch.tensor([self.iters * ddp.world_size + me], device=ddp.device)
         dist.all_reduce(key, op=dist.ReduceOp.MAX, group=ddp.process_group)
@@ -79,15 +97,19 @@ class Join:
 
 
 @contextmanager
-def join(ddp, divide_by_initial_world_size: bool = True):
-    """The body of `DistributedDataParallel.join()`."""
+def join(ddp, divide_by_initial_world_size: bool = True, enable: bool = True,
+         throw_on_early_termination: bool = False):
+    """The body of `DistributedDataParallel.join()`, torch's arguments and defaults."""
+    if not enable:  # torch: the inputs are even, nothing to detect
+        yield
+        return
     if not ddp.reduction.joinable:
         raise RuntimeError(
             f"minddp: join() does not combine with shard_optimizer=True ({type(ddp.reduction).__name__}, "
             "ZeRO-1): a rank that ran out of data would also have to take part in ShardedOptimizer's "
             "step (its all-gather) and gradient-norm all-reduce. Give every rank the same number of "
             "batches (drop_last=True / DistributedSampler), or use shard_optimizer=False with join().")
-    ddp.uneven = Join(ddp, divide_by_initial_world_size)
+    ddp.uneven = Join(ddp, divide_by_initial_world_size, throw_on_early_termination)
     try:
         yield
     except BaseException:
