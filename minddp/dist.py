@@ -85,6 +85,25 @@ def select_device(local_rank: int, device: str, cuda_available: bool, device_cou
     return torch.device("cuda", local_rank)
 
 
+def check_ranks_per_gpu(local_world_size: int, device_count: int, backend: str) -> None:
+    """More nccl ranks on a node than visible GPUs is a launch error, on every rank alike (pure: the
+    counts are passed in). NCCL refuses two ranks on one GPU only at the first collective
+    ("Duplicate GPU"); gloo may share a GPU (its CUDA tensors travel through the host)."""
+    if backend == "nccl" and local_world_size > device_count:
+        raise ConfigError(
+            f"{local_world_size} ranks on this node but {device_count} GPU(s) visible: nccl needs one GPU "
+            f"per rank. Start at most {device_count} (torchrun --nproc_per_node={max(device_count, 1)}, "
+            "make ... NPROC=), or run on the CPU (device=cpu / --backend gloo)")
+
+
+def local_world_size(env=None) -> int:
+    """Ranks on this node that share its visible GPUs: torchrun's LOCAL_WORLD_SIZE; 1 otherwise
+    (srun --gpus-per-task shows each task its own GPU; a LOCAL_RANK beyond the visible count is
+    select_device's error)."""
+    env = os.environ if env is None else env
+    return _int_env(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1
+
+
 def pick_device(local_rank: int, device: str = "auto") -> torch.device:
     available = torch.cuda.is_available()
     return select_device(local_rank, device, available, torch.cuda.device_count() if available else 0)
@@ -113,6 +132,9 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo
             "torchrun restarted this worker group with the rendezvous TCPStore shared across rounds; "
             "in torch 2.13 the new group can read the previous round's addresses and fail to connect "
             "(pytorch#135712). Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.", stacklevel=2)
+    if device in ("auto", "cuda") and torch.cuda.is_available():  # nccl: before any rank picks a GPU,
+        # so every entry point (trainer, tools, demos) gives every rank the same error at start-up
+        check_ranks_per_gpu(local_world_size(), torch.cuda.device_count(), "nccl")
     dev = pick_device(local_rank, device)
     backend = backend_for(dev)
     if dev.type == "cuda":

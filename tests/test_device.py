@@ -49,6 +49,38 @@ def test_select_device_from_the_visible_count():
         select_device(0, "cuda", False, 0)
 
 
+def test_more_nccl_ranks_than_gpus_is_one_configuration_error():
+    from minddp.dist import check_ranks_per_gpu, local_world_size
+    from minddp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"2 ranks on this node but 1 GPU\(s\) visible.*--nproc_per_node=1"):
+        check_ranks_per_gpu(2, 1, "nccl")
+    with pytest.raises(ConfigError, match=r"9 ranks on this node but 8 GPU.*--nproc_per_node=8"):
+        check_ranks_per_gpu(9, 8, "nccl")
+    for lws, count, backend in [(1, 1, "nccl"), (8, 8, "nccl"), (2, 1, "gloo"), (4, 0, "gloo")]:
+        check_ranks_per_gpu(lws, count, backend)  # one GPU each, or gloo (may share a GPU)
+    assert local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert local_world_size({"SLURM_NTASKS": "8", "SLURM_PROCID": "3"}) == 1  # srun: a GPU per task
+
+
+def test_init_distributed_refuses_two_nccl_ranks_on_one_gpu_before_any_process_group(monkeypatch):
+    """What `make train NPROC=2` on a one-GPU machine meets on every rank (each rank's env alike)."""
+    from minddp.dist import init_distributed
+    from minddp.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for rank in ("0", "1"):
+        env = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(ConfigError, match="1 GPU"):
+            init_distributed()
+        with pytest.raises(ConfigError, match="1 GPU"):
+            init_distributed("cuda")
+    assert not torch.distributed.is_initialized()
+
+
 def test_timing_strategy_matches_the_backend():
     assert cli.timing_strategy(torch.device("cuda", 0)) == "cuda-sync"
     assert cli.timing_strategy(torch.device("cpu")) == "host-clock"
