@@ -57,15 +57,21 @@ def test_configure_turns_on_torchs_recorder_and_never_overrides_an_export(tmp_pa
 
 
 # ------------------------------------------------- torch's flight recorder
-def _hang(rank, world_size, run_dir):
+def _hang(rank, world_size, run_dir, late_s=None):
+    """Rank 0 waits in #4 until its 2 s timeout; rank 1 never calls it, or (late_s) calls it
+    only that long after (a stall that ends before anyone kills the rank)."""
+    import time
+
     short = dist.new_group(timeout=timedelta(seconds=2))
     flight_recorder.register_groups(short)
     flight_recorder.set_context(step=7, phase="test")
     try:
         for _ in range(3):
             dist.all_reduce(torch.ones(3), group=short)
-        if rank == 0:
-            dist.all_reduce(torch.ones(5), group=short)  # rank 1 never comes: times out
+        if rank == 1 and late_s:
+            time.sleep(late_s)
+        if rank == 0 or late_s:
+            dist.all_reduce(torch.ones(5), group=short)  # rank 1 never comes (in time): times out
     except RuntimeError as e:
         flight_recorder.dump(run_dir, f"{type(e).__name__}: {e}")
         return "timed out"
@@ -98,6 +104,22 @@ def test_flight_recorder_dump_read_back_by_the_debug_command(tmp_path, monkeypat
     (tmp_path / "flight_recorder" / "rank1").rename(tmp_path / "flight_recorder" / "watchdog_rank1")
     minddp_cli(["debug", str(tmp_path)])
     assert "ranks [1] never called it" in capsys.readouterr().out
+
+
+def test_a_rank_that_reaches_the_collective_after_the_timeout_never_called_it(tmp_path, monkeypatch, capsys):
+    """The stuck rank's stall ends before a launcher's SIGTERM reaches it: its dump shows it in
+    the collective too, but it entered 4 s after rank 0, past rank 0's 2 s timeout (the race
+    of test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective under load)."""
+    from minddp.tools import debug
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
+    assert multiproc.run(_hang, 2, str(tmp_path), 4.0, timeout=60) == ["timed out", "timed out"]
+    debug.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "ranks [0] are in #4 all_reduce(float32, shape [5]); ranks [1] never called it in time" in out, out
+    line = next(x for x in out.splitlines() if x.startswith("  rank 1: reached #4"))
+    late = float(line.split(" s after rank 0")[0].rsplit(" ", 1)[1])
+    assert 4.0 <= late < 30 and line.endswith("past its 2 s timeout: stuck before it"), line
 
 
 # ---------------------------------------------------------------- consistency

@@ -85,8 +85,13 @@ def test_stuck_rank_ends_every_rank_and_the_dumps_name_the_collective(tmp_path):
     # the step's agreement all-reduce: loss, non-finite, stop, and one memory slot per rank
     assert "all_reduce(float32, shape [5])" in out, out
     assert "rank 0: dumped at step 3 (optimizer): RuntimeError" in out, out
+    # rank 1 dumps at step 3 either way: on torchrun's SIGTERM while still stalled, or, when its
+    # 7 s stall outlasts rank 0's 4 s timeout and exit (a loaded machine), on the error of the #18
+    # it then reaches alone; `minddp debug` names it by the time it entered #18 (test_debug.py:
+    # test_a_rank_that_reaches_the_collective_after_the_timeout_never_called_it)
     ctx = json.loads((run_dir / "flight_recorder_context" / "rank1.json").read_text())
-    assert ctx["reason"] == "signal SIGTERM" and ctx["step"] == 3, ctx  # torchrun's SIGTERM, dumped
+    assert ctx["step"] == 3, ctx
+    assert ctx["reason"] == "signal SIGTERM" or ctx["reason"].startswith("RuntimeError"), ctx
 
 
 @pytest.mark.slow

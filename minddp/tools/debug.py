@@ -102,6 +102,21 @@ def analyze(run_dir) -> str:
     return "\n".join(lines)
 
 
+def _late(at_top: dict[int, dict]) -> tuple[int, dict[int, float]]:
+    """(the first rank in the collective, {rank: seconds after it} for those that entered only
+    once the first had waited its whole timeout there). Such a rank was stuck before the call
+    and reached it after its peer gave up (a stall that ends before the launcher's SIGTERM
+    does), so it counts as never having called it. Creation times are wall clock: across hosts
+    NTP skew (ms) is far below a collective timeout."""
+    times = {r: e.get("time_created_ns") for r, e in at_top.items()}
+    first = min(times, key=lambda r: times[r] or 0)
+    timeout_ms = at_top[first].get("timeout_ms")
+    if not all(isinstance(t, int) for t in times.values()) or not isinstance(timeout_ms, (int, float)):
+        return first, {}
+    deadline = times[first] + timeout_ms * 1e6
+    return first, {r: (t - times[first]) / 1e9 for r, t in times.items() if t > deadline > 0}
+
+
 def _analyze_group(pg, members, dumps) -> list[str]:
     last = {}
     for r, d in dumps.items():
@@ -109,18 +124,23 @@ def _analyze_group(pg, members, dumps) -> list[str]:
         if mine:
             last[r] = mine[-1]
     top = max(e["collective_seq_id"] for e in last.values())
-    waiting = sorted(r for r, e in last.items() if e["collective_seq_id"] == top)
+    first, late = _late({r: e for r, e in last.items() if e["collective_seq_id"] == top})
+    waiting = sorted(r for r, e in last.items() if e["collective_seq_id"] == top and r not in late)
     behind = [r for r in members if r not in waiting]
-    lines = [f"group {members} (process group {pg}): furthest collective {describe(last[waiting[0]])}"]
+    what = describe(last[first])
+    lines = [f"group {members} (process group {pg}): furthest collective {what}"]
     if behind:
-        lines.append(f"  ranks {waiting} are in {describe(last[waiting[0]])}; "
-                     f"ranks {behind} never called it")
+        tail = f" in time (ranks {sorted(late)} reached it after the others' timeout)" if late else ""
+        lines.append(f"  ranks {waiting} are in {what}; ranks {behind} never called it{tail}")
     for r in members:
         e = last.get(r)
         if r not in dumps:
             lines.append(f"  rank {r}: no dump (killed, or never started?)")
         elif e is None:
             lines.append(f"  rank {r}: no collective in this group")
+        elif r in late:
+            lines.append(f"  rank {r}: reached {what} {late[r]:.1f} s after rank {first}, past its "
+                         f"{last[first]['timeout_ms'] / 1e3:g} s timeout: stuck before it")
         elif e["collective_seq_id"] < top:
             lines.append(f"  rank {r}: last {describe(e)}: never called #{top}, "
                          f"which ranks {waiting} are waiting in")
