@@ -148,6 +148,29 @@ def test_make_help_lists_every_target_with_one_line():
     assert all(len(line.split(None, 2)) == 3 for line in listed.values()), out  # each has its line
 
 
+# run after the README's snippet, in its namespace: "gradients are averaged when backward
+# returns" means each rank's grad equals one process's gradient of the loss on every rank's batch
+# (the step's initial weights recovered from SGD's update: w0 = w + lr * grad)
+AVERAGED_CHECK = """
+import torch.distributed as _dist
+_n = _dist.get_world_size() if _dist.is_initialized() else 1
+_xs, _ys = [torch.empty_like(x) for _ in range(_n)], [torch.empty_like(y) for _ in range(_n)]
+if _n > 1:
+    _dist.all_gather(_xs, x), _dist.all_gather(_ys, y)
+else:
+    _xs, _ys = [x], [y]
+_ref = torch.nn.Linear(10, 1).to(dev)
+with torch.no_grad():
+    for _p, _q in zip(_ref.parameters(), model.module.parameters()):
+        _p.copy_(_q + 0.1 * _q.grad)
+torch.nn.functional.mse_loss(_ref(torch.cat(_xs)), torch.cat(_ys)).backward()
+for _p, _q in zip(_ref.parameters(), model.module.parameters()):
+    torch.testing.assert_close(_q.grad, _p.grad)
+assert _n == 1 or not torch.equal(_xs[0], _xs[1])  # the ranks' batches differ: a real average
+print(f"gradients averaged over {_n} rank(s)")
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_the_engine_snippet_runs_as_written(tmp_path, nproc):
@@ -159,10 +182,11 @@ def test_the_engine_snippet_runs_as_written(tmp_path, nproc):
 
     engine = README.split("## The engine", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", engine, re.S).group(1)
-    (tmp_path / "example.py").write_text(snippet)
+    (tmp_path / "example.py").write_text(snippet + AVERAGED_CHECK)
     cmd = ([sys.executable] if nproc == 1 else
            [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}"])
     p = subprocess.run([*cmd, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
+    assert f"gradients averaged over {nproc} rank(s)" in p.stdout, p.stdout[-2000:]
