@@ -3,31 +3,36 @@
     minddp report multirun/2026-11-30/12-00-00      # a Hydra multirun
     minddp report outputs/sweep-4242                 # a Slurm sweep array
     minddp report outputs                            # any train.py runs
+    minddp report multirun/... --wandb               # and one W&B run of job_type=report
 
 A run is a folder with a `metrics.jsonl`; its `run.json` (written by rank 0 at start-up)
 gives the world size and the resolved config (`.hydra/config.yaml` is the fallback). Rows
 are keyed by the swept keys: those set on a command line (`.hydra/overrides.yaml`) whose
 values differ between runs, and the world size (every differing key when no run has
 overrides); columns:
-median step time and tokens/s (after the first fifth of the logged steps), strong-scaling
-efficiency against the smallest world size with the same other keys (the global batch is
-fixed, so 1.00 is perfect), the exposed-communication fraction, final loss and validation
-loss, and `mfu` where logged. The plot: tokens/s per world size, and every run's loss curve.
-Offline: no W&B server is involved. Writes DIR/report.md and DIR/report.png. A malformed
-row of a metrics.jsonl (a torn line, hand edits) is skipped with a one-line warning.
+median step time and tokens/s (after the first fifth of the logged steps: the numbers of the
+run's summary.json, minddp.train.summary), the scaling efficiency against the smallest world
+size with the same other keys and scaling mode (1.00 is perfect): strong scaling (fixed global
+batch) T1 / (n Tn), weak scaling (fixed batch per rank) T1 / Tn, which one in the column
+`scaling`; the exposed-communication fraction, final loss and validation loss, `mfu` where
+logged, the busy fraction of communication, and the spread of the ranks' step times with the
+slowest rank (train.check_every). The plot: tokens/s per world size, and every run's loss
+curve. Writes DIR/report.md and DIR/report.png; with --wandb also a W&B run of job_type
+report in the study's group (minddp.tools.wandb_report). A malformed row of a metrics.jsonl
+(a torn line, hand edits) is skipped with a one-line warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import textwrap
 from pathlib import Path
 
 import yaml
 
+from ..train import summary as steady
 from ..train.resume_check import flatten
 from . import render
 from .cli import pyplot
@@ -35,8 +40,7 @@ from .cli import pyplot
 IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+_number = steady.number
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -67,15 +71,16 @@ def read_info(run_dir: Path) -> dict:
         if info_path.exists():
             info = json.loads(info_path.read_text())
             if isinstance(info, dict) and isinstance(info.get("config", {}), dict):
-                return {"world_size": info.get("world_size", 1), "config": info.get("config", {})}
+                return {"world_size": info.get("world_size", 1), "config": info.get("config", {}),
+                        "identity": {k: v for k, v in info.items() if k not in ("config", "data")}}
         elif hydra.exists():
-            return {"world_size": 1, "config": yaml.safe_load(hydra.read_text()) or {}}
+            return {"world_size": 1, "config": yaml.safe_load(hydra.read_text()) or {}, "identity": {}}
     except (ValueError, yaml.YAMLError, UnicodeDecodeError):
         pass
     if info_path.exists() or hydra.exists():
         print(f"minddp report: warning: {run_dir}: unreadable run.json/.hydra/config.yaml; "
               "its config is left blank", file=sys.stderr)
-    return {"world_size": 1, "config": {}}
+    return {"world_size": 1, "config": {}, "identity": {}}
 
 
 def set_keys(run_dir: Path) -> set[str]:
@@ -95,19 +100,14 @@ def load_run(run_dir: Path) -> dict | None:
         return None
     info = read_info(run_dir)
     keys = {"world_size": info["world_size"], **flatten(info["config"])}
-    steady = rows[len(rows) // 5:] or rows
-
-    def med(k):
-        values = [r[k] for r in steady if _number(r.get(k))]
-        return statistics.median(values) if values else None
-
-    mfu = med("mfu")  # runs before the fix logged MFU > 100% from an underestimated peak: not shown
-    vals = [r["val_loss"] for r in rows if _number(r.get("val_loss"))]
+    s = steady.summary(rows)  # what summary.json and W&B's summary hold (MFU > 100%: not shown)
     curve = [(r["step"], r["loss"]) for r in rows if _number(r.get("loss"))]
-    return {"dir": run_dir, "keys": keys, "set": set_keys(run_dir), "step_s": med("step_time_s"),
-            "tokens_per_s": med("tokens_per_s"), "exposed": med("comm/exposed_fraction"),
-            "loss": curve[-1][1] if curve else None, "val_loss": vals[-1] if vals else None,
-            "mfu": mfu if mfu is not None and mfu <= 1 else None, "steps": rows[-1]["step"], "curve": curve}
+    mode = info["identity"].get("scaling") or keys.get("train.scaling") or "strong"
+    return {"dir": run_dir, "keys": keys, "set": set_keys(run_dir), "identity": info["identity"],
+            "summary": s, "scaling": mode, "step_s": s.get("step_time_s"),
+            "tokens_per_s": s.get("tokens_per_s"), "exposed": s.get("comm/exposed_fraction"),
+            "loss": s.get("loss"), "val_loss": s.get("val_loss"),
+            "mfu": s.get("mfu"), "steps": rows[-1]["step"], "last": rows[-1], "curve": curve}
 
 
 def swept_keys(runs: list[dict]) -> list[str]:
@@ -123,24 +123,53 @@ def swept_keys(runs: list[dict]) -> list[str]:
 
 
 def add_efficiency(runs: list[dict], swept: list[str]) -> None:
-    """Against the smallest world size among runs that agree on every other swept key."""
+    """Against the smallest world size among runs that agree on every other swept key and on
+    the scaling mode. Strong (fixed global batch): T1 / (n Tn), as tokens/s per rank against the
+    base's; weak (fixed batch per rank, the work grows with n): T1 / Tn, the step times alone."""
     others = [k for k in swept if k != "world_size"]
     for r in runs:
-        peers = [p for p in runs if all(p["keys"].get(k) == r["keys"].get(k) for k in others)]
+        peers = [p for p in runs if p["scaling"] == r["scaling"]
+                 and all(p["keys"].get(k) == r["keys"].get(k) for k in others)]
         base = min(peers, key=lambda p: p["keys"]["world_size"])
         scale = r["keys"]["world_size"] / base["keys"]["world_size"]
-        ok = r["tokens_per_s"] is not None and base["tokens_per_s"]
-        r["efficiency"] = r["tokens_per_s"] / base["tokens_per_s"] / scale if ok else None
+        if r["scaling"] == "weak":
+            ok = r["step_s"] and base["step_s"]
+            r["efficiency"] = base["step_s"] / r["step_s"] if ok else None
+        else:
+            ok = r["tokens_per_s"] is not None and base["tokens_per_s"]
+            r["efficiency"] = r["tokens_per_s"] / base["tokens_per_s"] / scale if ok else None
+
+
+HEAD = ["steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu", "scaling",
+        "comm busy", "rank step min/median/max (ms)", "slowest rank"]
+
+
+def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list]]:
+    """The table's header and rows (report.md's, and the W&B report run's wandb.Table)."""
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    rows = []
+    for r in runs:
+        s = r["summary"]
+        spread = [s.get(f"rank/step_time_{k}_s") for k in ("min", "median", "max")]
+        rows.append([r["keys"].get(k) for k in swept] + [
+            r["steps"], fmt(r["step_s"] and r["step_s"] * 1e3, ".1f"), fmt(r["tokens_per_s"], ".0f"),
+            fmt(r["efficiency"], ".2f"), fmt(r["exposed"], ".1%"), fmt(r["loss"], ".4f"),
+            fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%"), r["scaling"],
+            fmt(s.get("comm/busy_fraction"), ".1%"),
+            "-" if None in spread else "/".join(f"{v * 1e3:.1f}" for v in spread),
+            fmt(s.get("rank/slowest"), "d")])
+    return [*swept, *HEAD], rows
 
 
 def table(runs: list[dict], swept: list[str]) -> str:
-    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    head = [*swept, "steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu"]
-    rows = [[r["keys"].get(k) for k in swept] + [
-        r["steps"], fmt(r["step_s"] and r["step_s"] * 1e3, ".1f"), fmt(r["tokens_per_s"], ".0f"),
-        fmt(r["efficiency"], ".2f"), fmt(r["exposed"], ".1%"), fmt(r["loss"], ".4f"),
-        fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%")] for r in runs]
-    return render.markdown([render.table(head, rows)])
+    return render.markdown([render.table(*table_rows(runs, swept))])
+
+
+def modes_note(runs: list[dict]) -> str:
+    modes = sorted({r["scaling"] for r in runs})
+    said = {"strong": "strong scaling (fixed global batch): T1 / (n Tn)",
+            "weak": "weak scaling (fixed batch per rank): T1 / Tn"}
+    return "Efficiency: " + "; ".join(said[m] for m in modes if m in said) + ", against the smallest world."
 
 
 def label(r: dict, keys: list[str], folder: Path) -> str:
@@ -175,7 +204,7 @@ def plot(runs: list[dict], swept: list[str], png: Path, folder: Path = Path(".")
     plt.close(fig)
 
 
-def report(folder, out=None) -> str:
+def report(folder, out=None, to_wandb: bool = False) -> str:
     folder = Path(folder)
     runs = [r for p in sorted(folder.rglob("metrics.jsonl")) if (r := load_run(p.parent))]
     if not runs:
@@ -184,12 +213,17 @@ def report(folder, out=None) -> str:
     swept = swept_keys(runs)
     runs.sort(key=lambda r: [json.dumps(r["keys"].get(k), sort_keys=True) for k in swept])
     add_efficiency(runs, swept)
-    text = (f"{len(runs)} runs under `{folder}`; swept: {', '.join(swept) or 'nothing'}.\n\n"
+    text = (f"{len(runs)} runs under `{folder}`; swept: {', '.join(swept) or 'nothing'}. "
+            f"{modes_note(runs)}\n\n"
             + table(runs, swept) + "\n")
     out = Path(out) if out else folder / "report"
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.md").write_text(text)
     plot(runs, swept, Path(f"{out}.png"), folder)
+    if to_wandb:
+        from . import wandb_report
+
+        wandb_report.log(folder, runs, swept, *table_rows(runs, swept), Path(f"{out}.png"))
     return text
 
 
@@ -198,8 +232,10 @@ def main(argv=None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder")
     ap.add_argument("--out", help="output prefix (default FOLDER/report -> report.md, report.png)")
+    ap.add_argument("--wandb", action="store_true",
+                    help="also log a W&B run of job_type=report into the study's group (wandb.mode auto)")
     args = ap.parse_args(argv)
-    print(report(args.folder, args.out))
+    print(report(args.folder, args.out, to_wandb=args.wandb))
     out = args.out or str(Path(args.folder) / "report")
     print(f"wrote {out}.md and {out}.png")
 

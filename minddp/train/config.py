@@ -111,6 +111,10 @@ class TrainConfig:
     fault_sleep_step: Optional[int] = None
     fault_sleep_rank: int = 0
     fault_sleep_s: float = 0.0
+    # strong: train.global_batch_size is the global batch, fixed whatever the world size (the
+    # accumulation shrinks as dp grows); weak: it is one data-parallel rank's batch (micro batch
+    # x accumulation), fixed, so the global batch is it x dp and grows with the world
+    scaling: str = "strong"
 
 
 @dataclass
@@ -142,7 +146,10 @@ class WandbConfig:
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     project: str = "minddp"
     group: Optional[str] = None
-    name: Optional[str] = None  # default: encodes model, world size and layout
+    name: Optional[str] = None  # default: model, world size, layout, cap, variant and repeat
+    repeat: int = 0  # which repeat of a configuration this run is (minddp scaling sets it)
+    job_type: str = "train"  # train | report | bench: W&B's job type
+    tags: List[str] = field(default_factory=list)  # W&B tags, besides the variant and the scaling mode
 
 
 @dataclass
@@ -215,25 +222,44 @@ def validate(cfg, world_size: int) -> dict:
         except ValueError as e:
             raise ConfigError(str(e)) from None
     t = cfg.train
-    per_step = t.micro_batch_size * dims.dp
-    if t.micro_batch_size < 1 or t.global_batch_size < 1:
-        raise ConfigError("train.global_batch_size and train.micro_batch_size must be >= 1")
-    if t.global_batch_size % per_step:
-        raise ConfigError(
-            f"train.global_batch_size={t.global_batch_size} is not divisible by "
-            f"train.micro_batch_size={t.micro_batch_size} x data-parallel size {dims.dp} = {per_step}; "
-            "gradient accumulation must be a whole number of micro-batches. "
-            f"Choose a global batch that is a multiple of {per_step}."
-        )
+    accum, global_batch = _batch_layout(t, dims.dp)
     if cfg.wandb.mode not in ("auto", "online", "offline", "disabled"):
         raise ConfigError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.wandb.mode!r}")
     if t.on_nonfinite not in ("skip", "stop"):
         raise ConfigError(f"train.on_nonfinite must be skip or stop, got {t.on_nonfinite!r}")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
+    if cfg.wandb.repeat < 0 or cfg.wandb.job_type not in ("train", "report", "bench"):
+        raise ConfigError(f"wandb.repeat must be >= 0 and wandb.job_type train, report or bench, got "
+                          f"{cfg.wandb.repeat} and {cfg.wandb.job_type!r}")
     for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
         raise ConfigError(problem)
-    return {"dims": dims, "accum": t.global_batch_size // per_step}
+    return {"dims": dims, "accum": accum, "global_batch": global_batch}
+
+
+def _batch_layout(t, dp: int) -> tuple[int, int]:
+    """(accumulation, global batch). Strong scaling: train.global_batch_size is the global
+    batch. Weak: it is one data-parallel rank's batch, so the global batch is it x dp."""
+    if t.scaling not in ("strong", "weak"):
+        raise ConfigError(f"train.scaling must be strong or weak, got {t.scaling!r}")
+    if t.micro_batch_size < 1 or t.global_batch_size < 1:
+        raise ConfigError("train.global_batch_size and train.micro_batch_size must be >= 1")
+    if t.scaling == "weak":
+        if t.global_batch_size % t.micro_batch_size:
+            raise ConfigError(
+                f"train.scaling=weak: train.global_batch_size={t.global_batch_size} (the batch of one "
+                f"data-parallel rank) must be a multiple of train.micro_batch_size={t.micro_batch_size}")
+        return t.global_batch_size // t.micro_batch_size, t.global_batch_size * dp
+    per_step = t.micro_batch_size * dp
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size={t.micro_batch_size} x data-parallel size {dp} = {per_step}; "
+            "gradient accumulation must be a whole number of micro-batches. "
+            f"Choose a global batch that is a multiple of {per_step} (or train.scaling=weak: "
+            "the batch of one rank, the global batch growing with the world)."
+        )
+    return t.global_batch_size // per_step, t.global_batch_size
 
 
 def _non_finite(cfg) -> list[str]:

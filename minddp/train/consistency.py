@@ -22,9 +22,13 @@ def fingerprint(model) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
 
 
-def check_replicas(model, group=None) -> None:
+def check_replicas(model, group=None, extra: float | None = None) -> dict[int, float] | None:
+    """Raises on divergence. `extra` (a number of this rank's: its step time) rides along as
+    one more row of the same all-gather; returned as {global rank: extra}."""
     group = group or dist.group.WORLD
     mine = fingerprint(model)
+    if extra is not None:
+        mine = torch.cat([mine, torch.tensor([[extra, 0.0]], dtype=mine.dtype, device=mine.device)])
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
     ranks = dist.get_process_group_ranks(group)
@@ -37,3 +41,4 @@ def check_replicas(model, group=None) -> None:
                 f"and rank(s) {differ} (sum {everyone[0][k, 0].item():.9g} vs "
                 f"{everyone[ranks.index(differ[0])][k, 0].item():.9g}). Every rank must apply the same "
                 "update: check for rank-dependent code paths or a skipped optimizer step.")
+    return None if extra is None else {r: fp[-1, 0].item() for r, fp in zip(ranks, everyone)}

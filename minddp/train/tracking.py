@@ -1,20 +1,28 @@
-"""Run tracking on rank 0: metrics.jsonl (always), Weights & Biases, progress.
+"""Run tracking on rank 0: metrics.jsonl (always), Weights & Biases, progress, and at
+close the steady-state summary (summary.json beside metrics.jsonl, and W&B's summary).
 
 Other ranks get a `NullTracker` with the same methods, so the training loop
-has no `if rank == 0` around logging.
+has no `if rank == 0` around logging. W&B's config holds the Hydra config (nested: W&B shows
+`train.max_steps`) and the run's identity as flat top-level keys (minddp.train.identity).
+A resumed run never logs a step twice into one W&B run: it rewinds the run to the
+checkpoint's step (`resume_from`), or where that is refused continues in a new run of the
+same group whose config names the old one (`resumed_from`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from . import summary as steady
 from .atomic import atomic_write
 
 log = logging.getLogger("minddp")
@@ -46,24 +54,18 @@ def _json_safe(v):
 
 class Tracker:
     def __init__(self, run_dir, config: dict, wandb_cfg, run_name: str, total_steps: int,
-                 start_step: int = 0, log_every: int = 10):
+                 start_step: int = 0, log_every: int = 10, identity: dict | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self._truncate_after(start_step)
+        self.summary_path = self.run_dir / "summary.json"
+        earlier = self._truncate_after(start_step)
         self._metrics = open(self.metrics_path, "a")
         self.mode = resolve_wandb_mode(wandb_cfg.mode)
         self.wandb_run = None
         if self.mode != "disabled":
-            import wandb
-
-            self.wandb_run = wandb.init(
-                project=wandb_cfg.project, group=wandb_cfg.group, name=run_name, mode=self.mode,
-                dir=str(self.run_dir), config=config,
-                id=_wandb_id(self.run_dir), resume="allow",  # a resumed job continues its run
-                # no history/summary tables and sync hints at the end: next_steps() says where things are
-                settings=wandb.Settings(quiet=True),
-            )
+            self.wandb_run = start_wandb(self.run_dir, wandb_cfg, run_name, self.mode,
+                                         {**config, **(identity or {})}, start_step if earlier else None)
         self.interactive = sys.stderr.isatty()
         self.log_every = max(1, log_every)
         self.total = total_steps
@@ -71,20 +73,23 @@ class Tracker:
         self.bar = tqdm(total=total_steps, initial=start_step, desc=run_name, dynamic_ncols=True,
                         disable=not self.interactive)
 
-    def _truncate_after(self, step: int) -> None:
+    def _truncate_after(self, step: int) -> bool:
         """On resume, drop rows logged after the checkpoint: they will be logged again. A line
-        a crash tore (a full disk mid-write) is dropped and reported, never fatal."""
+        a crash tore (a full disk mid-write) is dropped and reported, never fatal. True when an
+        earlier part of this run logged rows."""
         if not self.metrics_path.exists():
-            return
-        rows = []
+            return False
+        rows, earlier = [], False
         for n, line in enumerate(self.metrics_path.read_text(errors="replace").splitlines(), 1):
             row = _parse_row(line)
+            earlier = earlier or row is not None
             if row is None and line.strip():
                 log.warning(f"{self.metrics_path}: dropped line {n}, torn by an interrupted write: "
                             f"{line[:80]!r}")
             elif row is not None and row.get("step", 0) <= step:
                 rows.append(line)
         atomic_write(self.metrics_path, "".join(r + "\n" for r in rows))
+        return earlier
 
     def log(self, row: dict) -> None:
         safe = {k: _json_safe(v) for k, v in row.items()}  # NaN/inf -> null: valid JSON
@@ -107,10 +112,21 @@ class Tracker:
         log.info(msg)  # Hydra's logging: the console and <run dir>/train.log
 
     def close(self) -> None:
+        """Also on a stop signal or an error (the trainer closes in a finally): the summary
+        over every part of the run that metrics.jsonl holds."""
         self.bar.close()
         self._metrics.close()
+        numbers = self.write_summary()
         if self.wandb_run is not None:
+            self.wandb_run.summary.update(numbers)
             self.wandb_run.finish()
+
+    def write_summary(self) -> dict:
+        rows = [r for line in self.metrics_path.read_text(errors="replace").splitlines()
+                if (r := _parse_row(line)) is not None and isinstance(r.get("step"), int)]
+        numbers = steady.summary(rows)
+        atomic_write(self.summary_path, json.dumps(numbers, indent=1) + "\n")
+        return numbers
 
     def next_steps(self) -> str:
         """What the end of a run prints (after W&B's own lines): where its outputs are, what to run next."""
@@ -123,6 +139,37 @@ class Tracker:
         lines.append(f"  next: minddp sample {run}   (text from the model)")
         lines.append(f"        minddp report {run}   (a table and plots; a parent folder compares runs)")
         return "\n".join(lines)
+
+
+def start_wandb(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, resume_step: int | None):
+    """wandb.init for this run: its group, job type, tags and flat identity; resume_step (an
+    earlier part of the run logged rows) rewinds the run to that step, or where the installed
+    wandb or the server cannot, starts a new run in the group linked by `resumed_from`."""
+    import wandb
+
+    run_id = _wandb_id(run_dir)
+    tags = [t for t in (config.get("variant"), config.get("scaling") and f"{config['scaling']}-scaling",
+                        *wandb_cfg.tags) if t]
+    common = dict(project=wandb_cfg.project, group=wandb_cfg.group, name=name, mode=mode, dir=str(run_dir),
+                  job_type=wandb_cfg.job_type, tags=tags,
+                  # no history/summary tables and sync hints at the end: next_steps() says where things are
+                  settings=wandb.Settings(quiet=True))
+    if resume_step is None:
+        run = wandb.init(id=run_id, resume="allow", config=config, **common)
+    else:
+        run = None
+        if "resume_from" in inspect.signature(wandb.init).parameters:
+            try:  # W&B drops the history after the step, so nothing is logged twice
+                run = wandb.init(resume_from=f"{run_id}?_step={resume_step}", config=config, **common)
+            except Exception as e:  # noqa: BLE001 - a server without rewind: a new run instead
+                log.warning(f"W&B could not rewind run {run_id} to step {resume_step} ({e}); "
+                            "continuing in a new run of the same group")
+        if run is None:
+            link = {"resumed_from": {"run_id": run_id, "step": resume_step}}
+            run = wandb.init(id=f"{run_id}-{int(time.time())}", config={**config, **link}, **common)
+    for key in steady.KEYS:  # the summary is the steady state set at close, not the last row
+        run.define_metric(key, summary="none")
+    return run
 
 
 def _wandb_id(run_dir: Path) -> str:

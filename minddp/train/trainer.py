@@ -33,6 +33,7 @@ from ..ddp import DistributedDataParallel
 from ..dist import env_ranks, init_distributed
 from ..mesh import Mesh
 from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
+from . import identity as ident_
 from .atomic import atomic_write
 from .build import build_model, build_optimizer, lr_factor, run_name  # noqa: F401 - also importable here
 from .config import validate
@@ -42,6 +43,7 @@ from .faults import Faults
 from .guard import SkipGuard
 from .signals import StopRequest
 from .steptrace import StepTrace
+from .straggler import ArrivalClock, spread
 from .tracking import NullTracker, Tracker
 
 log = logging.getLogger("minddp")
@@ -67,7 +69,7 @@ class Trainer:
         derived = validate(cfg, env_ranks()[2])  # the settings, before any process group uses them
         flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
         self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
-        self.dims, self.accum = derived["dims"], derived["accum"]
+        self.dims, self.accum, self.global_batch = derived["dims"], derived["accum"], derived["global_batch"]
         self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
         flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
         if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
@@ -92,6 +94,7 @@ class Trainer:
         for note in resume_notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
         self._window: list[StepResult] = []  # the steps since the last metrics row
+        self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
         self.skipped, self.guard = 0, SkipGuard(t.max_skipped_steps)
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
@@ -136,7 +139,7 @@ class Trainer:
     def _setup_throughput(self) -> None:
         """Tokens per step, FLOPs per token and the device peak, for tokens/s, TFLOP/s and MFU."""
         t, mesh = self.t, self.mesh
-        self.tokens_per_step = t.global_batch_size * self.cfg.model.block_size
+        self.tokens_per_step = self.global_batch * self.cfg.model.block_size  # weak scaling: grows with dp
         self.num_params = full = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
                                      for p in self.model.parameters())
         self.flops_per_token = flops.flops_per_token(self.cfg.model, full)
@@ -150,14 +153,15 @@ class Trainer:
         cfg, info, t = self.cfg, self.info, self.t
         if not info.is_main:
             return NullTracker()
-        name = run_name(cfg, info.world_size, self.dims)
+        ident = ident_.identity(cfg, info.world_size, self.dims, info.backend, info.device, self.num_params,
+                                  self.accum, len(self.ddp.bucket_assignment))
+        name = ident_.run_name(cfg, ident)
         config = OmegaConf.to_container(cfg, resolve=True)
         tracker = Tracker(self.run_dir, {**config, "data_info": self.data_info.as_dict()}, cfg.wandb, name,
-                          t.max_steps, self.start, t.log_every)
+                          t.max_steps, self.start, t.log_every, identity=ident)
         write_run_info(self.run_dir, {  # what minddp.tools.report needs to compare runs
-            "world_size": info.world_size, "dp": self.dims.dp, "tp": self.dims.tp, "backend": info.backend,
-            "device": info.device.type, "num_params": self.num_params, "accumulation": self.accum,
-            "peak_tflops_job": self.job_peak_tflops, "data": self.data_info.as_dict(), "config": config})
+            **ident, "name": name, "peak_tflops_job": self.job_peak_tflops, "data": self.data_info.as_dict(),
+            "config": config})
         onoff = lambda flag: "on" if flag else "off"  # noqa: E731
         tracker.info(  # two short lines: the layout and engine, then the data and where it goes
             f"{name}: {self.num_params / 1e6:.2f}M parameters, world {info.world_size} = dp {self.dims.dp} x "
@@ -206,9 +210,10 @@ class Trainer:
         result.seconds = time.perf_counter() - t0
         self._window.append(result)
         stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
-        if t.check_every and step % t.check_every == 0:
+        if t.check_every and step % t.check_every == 0:  # the step times ride on its all-gather
             self.opt.wait_params()
-            consistency.check_replicas(self.model, self.mesh.dp_group)
+            times = consistency.check_replicas(self.model, self.mesh.dp_group, self.clock.take())
+            self._spread = spread(times)
         if self._should_log(step, result, stopping):
             self.log(step, self._window, self.evaluate() if self._eval_due(step) else None)
             self._window = []
@@ -228,6 +233,7 @@ class Trainer:
         """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""
         flight_recorder.set_context(step=step, phase="forward/backward")
         trace = (steptrace.StepTrace(self.ddp) if step == self.t.trace_step else steptrace.NO_TRACE).start()
+        self.clock.begin()
         loss_sum = torch.zeros((), device=self.info.device)
         for m, (x, y) in enumerate(self.batches.get(step - 1)):
             self.ddp.require_backward_grad_sync = m == self.accum - 1  # what no_sync() toggles
@@ -266,8 +272,10 @@ class Trainer:
         rss[self.info.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * world  # MiB
         host = transfer.to_device([float(self.stop.requested), *rss], like=loss_sum)  # pinned, async
         flags = torch.cat([torch.stack([loss_sum, nonfinite.float()]), host])
+        self.clock.arrive()
         dist.all_reduce(flags, op=dist.ReduceOp.AVG)
         values = flags.tolist()
+        self.clock.settled()
         self.peak_rss_mb = max(values[3:])
         return values[0], values[2] > 0, values[1] > 0
 
@@ -296,7 +304,8 @@ class Trainer:
                "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
                "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds,
                "comm/exposed_gather_s": gather, "skipped_steps": self.skipped or None,
-               "mem/peak_rss_mb": self.peak_rss_mb, "val_loss": val_loss}
+               "mem/peak_rss_mb": self.peak_rss_mb, "val_loss": val_loss, **self._spread}
+        self._spread = {}
         self.tracker.log({k: v for k, v in row.items() if v is not None})
 
     def _write_trace(self, step: int, tracer: StepTrace) -> None:
