@@ -3,18 +3,23 @@ calibrated cost model's prediction beside every measurement.
 
     minddp scaling [--worlds 1,2,4] [--caps 1,5,25,100] [--steps 16] [--out docs/scaling]
     minddp scaling --repeats 3 --variants auto      # make scaling: + ZeRO-1 (+ overlap) at world 2
+    minddp scaling --mode weak                      # per-rank batch fixed: the global batch grows
 
 Each run is a real `torchrun train.py` with its own run directory under outputs/ and all of
 them in one W&B group. From each run's metrics.jsonl (steps after the warm-up) it takes the
 median step time, throughput, the engine's communication busy time (at least one bucket in
-flight) and exposed wait, computes the strong-scaling efficiency T1 / (n * Tn) (the global
-batch is fixed, so ideal is 1), and predicts busy and exposed time with
+flight) and exposed wait, computes the scaling efficiency (--mode strong, the default: the
+global batch is fixed, T1 / (n * Tn); --mode weak, train.scaling=weak: each rank's batch is
+fixed, T1 / Tn; ideal is 1 in both), and predicts busy and exposed time with
 `costmodel.predict_ddp_comm` and the calibration of `make calibrate` (alpha, beta, the
 contention factor, the engine's per-bucket cost and the per-bucket completion floor, measured
 on this machine). With --repeats each configuration runs that often, the order rotated per
 repeat, and the table gives medians and spreads. Rows whose
 world size x threads exceed the machine's cores are marked oversubscribed: ranks time-share
-cores there, so efficiency says nothing about the method. Writes <out>.md and <out>.png.
+cores there, so efficiency says nothing about the method. Writes <out>.md and <out>.png,
+and at the end logs the study's W&B report run into its group (`minddp report --wandb`; each
+run's W&B name holds its variant and repeat, wandb.repeat) and prints the one command that
+uploads every offline run of the study.
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ def combine(runs: list[dict]) -> dict:
             "busy_spread": (min(r["busy_s"] for r in runs), max(r["busy_s"] for r in runs))}
 
 
-def predict(s: dict, world: int, cal: Calibration, variant: str = "ddp") -> dict:
+def predict(s: dict, world: int, cal: Calibration, variant: str = "ddp", mode: str = "strong") -> dict:
     """The model's busy and exposed time for the run's own buckets. Backward: the synchronised
     micro-step's, from the step's compute (the step minus its exposed wait) split over the
     micro-steps, its share measured by `make calibrate` (2/3 without one). ZeRO-1
@@ -108,16 +113,16 @@ def predict(s: dict, world: int, cal: Calibration, variant: str = "ddp") -> dict
     the optimizer overlap moves the same bytes as DDP. `alone_s`: the collectives as if
     nothing ran beside them (no contention, floor or slowdown)."""
     buckets = study_buckets(s["cap"], s["collectives"], s["bytes"])
-    backward = (s["step_s"] - s["exposed_s"]) / accumulation(world) * cal.backward_share
+    backward = (s["step_s"] - s["exposed_s"]) / accumulation(world, mode) * cal.backward_share
     op = "reduce_scatter" if variant == "zero1" else "all_reduce"
     full = predict_ddp_comm(buckets, world, cal, backward, op=op)
     alone = replace(cal, contention=1.0, floor_per_bucket_s=0.0, under_backward=())
     return {**full, "alone_s": predict_ddp_comm(buckets, world, alone, backward, op=op)["busy_s"]}
 
 
-def accumulation(world: int) -> int:
-    """Micro-steps per step in the study (global batch 8, micro-batch 2)."""
-    return max(1, STUDY_BATCH[0] // (STUDY_BATCH[1] * world))
+def accumulation(world: int, mode: str = "strong") -> int:
+    """Micro-steps per step in the study (global batch 8, micro-batch 2; weak: 8 per rank)."""
+    return max(1, STUDY_BATCH[0] // (STUDY_BATCH[1] * (1 if mode == "weak" else world)))
 
 
 @functools.cache
@@ -164,7 +169,8 @@ def collect(args, variants, worlds, caps, out_dir: Path, group: str) -> dict:
                 continue  # an earlier study without this variant or repeat
             if not args.reuse:
                 print(f"repeat {k + 1}/{args.repeats}: {v}, world {w}, bucket cap {c:g} MB ...", flush=True)
-                run(run_dir, w, c, args.steps, group, MODEL + VARIANTS[v] + args.overrides)
+                mode = [f"train.scaling={args.mode}", f"wandb.repeat={k}"]  # a W&B name per repeat
+                run(run_dir, w, c, args.steps, group, MODEL + VARIANTS[v] + mode + args.overrides)
                 # the machine's load as the run ended: others share these cores
                 (run_dir / "load.json").write_text(json.dumps({"loadavg_1min": os.getloadavg()[0]}))
             runs.setdefault((v, w, c), []).append(summarize(run_dir, args.warmup))
@@ -179,6 +185,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each configuration, rotated order")
+    ap.add_argument("--mode", choices=("strong", "weak"), default="strong",
+                    help="strong: the global batch fixed; weak: each rank's batch fixed (train.scaling)")
     ap.add_argument("--variants", default="ddp",
                     help="ddp, zero1, overlap (at world 2, beside DDP), or auto (those the trainer has)")
     ap.add_argument("--out", default="docs/scaling")
@@ -194,13 +202,17 @@ def main(argv=None) -> None:
     out_dir = Path(args.reuse) if args.reuse else ROOT / "outputs" / group
     cal = calibration(args.calibration, args.preset)
     runs = collect(args, variants, worlds, caps, out_dir, group)
-    results = analyse(runs, cal)
+    results = analyse(runs, cal, args.mode)
     blocks = report(args, group, cal, len(os.sched_getaffinity(0)), results) + load_note(runs)
     print(render.markdown(blocks))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     render.write(args.out + ".md", blocks, {"results": results})
     plot([r for r in results if r["variant"] == "ddp"], worlds, caps, args.out + ".png")
     print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
+    if not args.reuse:  # the study as one W&B run, in the runs' group; the upload command once
+        from .report import report as folder_report
+
+        folder_report(out_dir, to_wandb=True)
 
 
 def load_note(runs: dict) -> list[str]:
@@ -213,19 +225,20 @@ def load_note(runs: dict) -> list[str]:
             "spreads show."]
 
 
-def analyse(runs: dict, cal: Calibration) -> list[dict]:
+def analyse(runs: dict, cal: Calibration, mode: str = "strong") -> list[dict]:
     cores = len(os.sched_getaffinity(0))
     results = []
     for (v, w, c), rs in sorted(runs.items(), key=lambda kv: (kv[0][2], list(VARIANTS).index(kv[0][0]),
                                                              kv[0][1])):
         s = combine(rs)
-        p = predict({**s, "cap": c}, w, cal, v)
+        p = predict({**s, "cap": c}, w, cal, v, mode)
         results.append({"variant": v, "world": w, "cap": c, **s, "predicted_busy_s": p["busy_s"],
                         "predicted_exposed_s": p["exposed_s"], "alone_s": p["alone_s"]})
     base = {r["cap"]: r["step_s"] for r in results if r["world"] == 1 and r["variant"] == "ddp"}
     for r in results:
         r["oversubscribed"] = r["world"] * 1 > cores  # one thread per rank
-        r["efficiency"] = base[r["cap"]] / (r["world"] * r["step_s"]) if r["cap"] in base else float("nan")
+        n = 1 if mode == "weak" else r["world"]  # weak: T1 / Tn; strong: T1 / (n Tn)
+        r["efficiency"] = base[r["cap"]] / (n * r["step_s"]) if r["cap"] in base else float("nan")
     return results
 
 
@@ -236,10 +249,14 @@ def report(args, group, cal, cores, results) -> list:
            f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
     if args.reuse:  # the runs of an earlier study, predicted again (e.g. after make calibrate)
         cmd += f" --reuse {Path(args.reuse).name}"
+    weak = args.mode == "weak"
+    cmd += " --mode weak" if weak else ""
     size = f" ({sum(p.numel() for p in study_params()) / 1e6:.1f}M parameters)"
     head = (f"Command: `{cmd}` (`make scaling` is `minddp scaling --repeats 3 --variants auto`); "
-            f"W&B group `{group}`; GPT {gpt['n_layer']} layers x {gpt['n_embd']}{size}, global batch "
-            f"{batch} x {gpt['block_size']} tokens, 1 thread per rank on {cores} cores; "
+            f"W&B group `{group}`; GPT {gpt['n_layer']} layers x {gpt['n_embd']}{size}, "
+            f"{'batch per rank' if weak else 'global batch'} {batch} x {gpt['block_size']} tokens, "
+            f"{'weak scaling: efficiency T1 / Tn' if weak else 'strong scaling: efficiency T1 / (n Tn)'}, "
+            f"1 thread per rank on {cores} cores; "
             f"{args.repeats} run(s) of each configuration in rotated order, medians (spread: min-max "
             "over the runs; the machine "
             "is shared, so single runs are noisy). Prediction: `costmodel.predict_ddp_comm` with "
