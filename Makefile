@@ -36,11 +36,17 @@ else
 	  $(TORCHRUN) --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 endif
 
-# make sweep SWEEP='ddp.bucket_cap_mb=1,5,25,100'   one process per job, one W&B group
+# make sweep SWEEP='ddp.bucket_cap_mb=1,5,25,100'   one process per job, one W&B group, then the
+# study's W&B report run (minddp report DIR --wandb) and one command that uploads every offline run.
+# W&B follows wandb.mode=auto (online with an API key), not this Makefile's offline default;
+# a WANDB_MODE you set yourself still wins.
 SWEEP ?= ddp.bucket_cap_mb=1,5,25,100
-sweep: install  ## a Hydra sweep, one process per job, one W&B group (SWEEP='key=a,b,c')
-	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-multirun/$$(date +%Y-%m-%d/%H-%M-%S)} \
-	  $(BIN)/python train.py -m $(SWEEP) wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS)
+SWEEP_ENV := $(if $(filter file,$(origin WANDB_MODE)),env -u WANDB_MODE,env)
+sweep: install  ## a Hydra sweep, one W&B group, then its W&B report run (SWEEP='key=a,b,c')
+	dir=$${MINDDP_RUN_DIR:-multirun/$$(date +%Y-%m-%d/%H-%M-%S)}; \
+	  $(SWEEP_ENV) MINDDP_RUN_DIR=$$dir $(BIN)/python train.py -m $(SWEEP) \
+	    wandb.group=sweep-$$(date +%m%d-%H%M%S) $(ARGS) && \
+	  $(SWEEP_ENV) $(BIN)/minddp report $$dir --wandb
 
 # two test files at a time (TEST_WORKERS=0: one): most tests wait on processes, timeouts or Slurm;
 # a file's tests stay on one worker, so a module's fixture (the Slurm cluster) is made once.
