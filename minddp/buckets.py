@@ -14,6 +14,7 @@ from a torch DDP config gives the same buckets):
 - the limits are [first_cap, cap, cap, ...]: torch uses a 1 MiB first bucket
   only when no cap is given (`bucket_cap_mb=None`: 25 MiB after a 1 MiB
   first bucket); with an explicit cap every bucket, the first too, gets it;
+  torch 2.13's `bucket_cap_mb_list` gives the list itself (the last repeats);
 - buckets are ordered by the position of their first parameter, so bucket 0
   holds the gradients that become ready first.
 """
@@ -62,14 +63,17 @@ def assign_buckets(
     cap_mb: float | None,
     first_cap_mb: float | None = None,
     strict: bool = False,
+    caps_mb: list[float] | None = None,
 ) -> list[list[int]]:
     """Group tensor indices into buckets.
 
     `specs[i]` describes tensor i; `order` is the order in which tensors are
     expected to become ready (a permutation of a subset of indices).
+    `caps_mb` (torch's `bucket_cap_mb_list`) gives each bucket of a dtype its own
+    cap, the last one repeating; it replaces `cap_mb` and `first_cap_mb`.
     Returns a list of buckets, each a list of tensor indices in `order` order.
     """
-    first_cap, cap = bucket_limits(cap_mb, first_cap_mb)
+    limits = [int(c * MiB) for c in caps_mb] if caps_mb else list(bucket_limits(cap_mb, first_cap_mb))
     open_buckets: dict[tuple, list[int]] = {}
     open_bytes: dict[tuple, int] = {}
     closed_per_key: dict[tuple, int] = {}
@@ -83,10 +87,10 @@ def assign_buckets(
     for i in order:
         s = specs[i]
         key = (s.dtype, s.device)
-        limit = first_cap if closed_per_key.get(key, 0) == 0 else cap
+        limit = limits[min(closed_per_key.get(key, 0), len(limits) - 1)]
         if strict and open_buckets.get(key) and open_bytes[key] + s.nbytes > limit:
             close(key)  # strict: close *before* the cap would be exceeded
-            limit = cap
+            limit = limits[min(closed_per_key[key], len(limits) - 1)]
         open_buckets.setdefault(key, []).append(i)
         open_bytes[key] = open_bytes.get(key, 0) + s.nbytes
         if not strict and open_bytes[key] >= limit:

@@ -3,8 +3,8 @@
 One iteration, read top to bottom in this file (a forward outside `no_sync()`, then
 `loss.backward()`):
 
-1. `forward`: broadcast buffers from the group's first rank (if asked: torch's
-   `require_forward_param_sync` rule), reset the per-iteration state
+1. `forward`: broadcast buffers (re-read: one may have been reassigned) from the group's first
+   rank (if asked: torch's `require_forward_param_sync` rule), reset the per-iteration state
    (`_prepare_for_backward`), run the module. A forward that will not be followed by a
    synchronised backward (under `torch.no_grad()`/`inference_mode()`, or with
    `require_backward_grad_sync=False`) leaves a pending backward alone, as torch's does.
@@ -17,14 +17,12 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
 3. end of backward: `_finish_backward`, queued on the autograd engine by the first hook,
    launches what is left (buckets with unused parameters, or everything when
    overlap=False), waits for every bucket in order, and copies the usage flags carried by
-   the last bucket to the host without waiting (minddp.transfer); the next forward reads them
-   and raises on every rank if some rank left a parameter unused (torch DDP also raises
-   there). After the first iteration the buckets are rebuilt once in
-   the observed gradient-ready order (rank 0's order, broadcast: `rebuild`). Callbacks
-   registered with `on_reduced(fn)` run with b right after bucket b's wait, while later
-   buckets are still in flight (minddp.overlap.OverlappedOptimizer steps bucket b there);
-   those registered with `on_rebuild(fn)` run with the old layout before a rebuild drops it
-   (minddp.zero.ShardedOptimizer lets go of its views there).
+   the last bucket to the host without waiting; a later forward reads them once landed and
+   raises on every rank if some rank left a parameter unused (minddp.usage; torch DDP raises
+   there too). After the first iteration the buckets are rebuilt once in the observed
+   gradient-ready order (rank 0's, broadcast: `rebuild`). `on_reduced(fn)` callbacks run
+   with b right after bucket b's wait, later buckets still in flight (minddp.overlap steps
+   bucket b there); `on_rebuild(fn)` ones with the old layout before a rebuild drops it.
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
@@ -38,17 +36,8 @@ Everything else sits beside the engine behind a small seam, so this file is only
 - where every gradient lives is `self.layout` (minddp.buckets.Layout), the public map
   ZeRO-1 (minddp.zero) reads; gradient norms are minddp.gradnorm's.
 
-The constructor takes torch DDP's arguments in torch's order (`device_ids`, `output_device`,
-`dim`, `broadcast_buffers`, `init_sync`, `process_group`, `bucket_cap_mb`,
-`find_unused_parameters`, ..., `device_mesh`), so `DDP(model, device_ids=[local_rank])`
-from an existing script works unchanged; minddp's own options are keyword-only after them.
-`bucket_cap_mb` means what it means in torch DDP: a bucket closes once it reaches the cap;
-`None` (the default) is 25 MiB after a 1 MiB first bucket. `strict_bucket_cap=True` is
-minddp's alternative: a bucket never exceeds the cap. torch DDP's attributes a script may set
-or read: `require_backward_grad_sync` (False: the next forward/backward accumulates locally, what
-`no_sync()` toggles; nanoGPT and llm.c set it per micro-step), `require_forward_param_sync`,
-`module`, `process_group`, `bucket_cap_mb`, `find_unused_parameters`, `broadcast_buffers`,
-`no_sync()`, `join()`, `register_comm_hook()`.
+The constructor's arguments (torch DDP's, in torch's order, then minddp's own) and what a script
+reads or sets beside the step (torch's attributes, pickling, comm_stats, ...): minddp.ddp_api.
 """
 
 from __future__ import annotations
@@ -61,18 +50,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _compat, gradnorm
+from . import _compat
 from . import ddp_checks as checks
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
 from .collectives import broadcast_coalesced
 from .comm_hooks import BucketReducer
-from .observer import CommStats, observer_for
+from .ddp_api import PublicAPI
+from .observer import observer_for
 from .reductions import make_reduction
 from .usage import UsageFlags
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(PublicAPI, nn.Module):
     """Data-parallel wrapper: same API shape as `torch.nn.parallel.DistributedDataParallel`."""
 
     def __init__(
@@ -81,7 +71,7 @@ class DistributedDataParallel(nn.Module):
         device_ids=None,  # torch DDP's arguments, in its order, so its call sites work unchanged
         output_device=None,
         dim: int = 0,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: bool | None = None,  # deprecated in torch 2.13: forward_sync_buffers
         init_sync: bool = True,
         process_group=None,
         bucket_cap_mb: float | None = None,
@@ -93,6 +83,10 @@ class DistributedDataParallel(nn.Module):
         param_to_hook_all_reduce=None,
         mixed_precision=None,
         device_mesh=None,
+        skip_all_reduce_unused_params: bool = False,
+        bucket_cap_mb_list: list[float] | None = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: bool | None = None,
         *,
         overlap: bool = True,
         reduce_op: str = "avg",
@@ -106,57 +100,81 @@ class DistributedDataParallel(nn.Module):
         super().__init__()
         compress = checks.normalise_compress(compress)
         checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
-                               find_unused_parameters, optimizer_overlap)
+                               find_unused_parameters, optimizer_overlap, bucket_cap_mb_list)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,
                                                mixed_precision, delay_all_reduce_named_params,
                                                param_to_hook_all_reduce)
         checks.check_not_wrapped(module, DistributedDataParallel)
+        self.forward_sync_buffers, init_sync_buffers = checks.buffer_sync(
+            broadcast_buffers, forward_sync_buffers, check_reduction)  # torch 2.13's rule and warnings
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self.world_size = dist.get_world_size(self.process_group)
-        self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
+        self.bucket_cap_mb_list = bucket_cap_mb_list  # torch 2.13: a cap per bucket (the last repeats)
         self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
         self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.overlap
-        self._reduced_callbacks, self._rebuild_callbacks = [], []  # on_reduced(fn), on_rebuild(fn)
-        self.find_unused_parameters, self.broadcast_buffers = find_unused_parameters, broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        # torch 2.13: a bucket whose parameters are all unused here is not reduced (with
+        # find_unused_parameters; the unused set must be the same on every rank, as in torch)
+        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params and find_unused_parameters
+        self.batched_grad_copy = batched_grad_copy  # accepted: each gradient is one copy already
+        self._engine_options = reduce_op, compress, algorithm, ranks_per_node  # kept by pickling
         self._replicate(module)
-        reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
-        self.reduction = make_reduction(reducer, compress, shard_optimizer, self.params)
-        self.observer = observer_for(self.device, overlap)
-        self.usage = UsageFlags(self.names, find_unused_parameters)
-        self.layout: Layout | None = None
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
-        self._build_layout(list(reversed(range(len(self.params)))))
+        self._build_engine(list(reversed(range(len(self.params)))))
         if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
-            _broadcast_replicas(self, module)
+            _broadcast_replicas(self, module, init_sync_buffers)
         self._attach_hooks(module)
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
-        self.uneven: _join.Join | None = None  # inside join()
-        self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
 
     def _replicate(self, module: nn.Module) -> None:
         """The trainable parameters in the engine's indexing; the same model on every rank."""
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._ignored = checks.ignored_names(module)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self._ignored]
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        checks.check_trainable(self.names)
+        self._group_info()
+        checks.check_same_model(module, self.names, self.process_group, self._ignored)
+
+    def _group_info(self) -> None:
+        self.world_size = dist.get_world_size(self.process_group)
+        self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self._specs = [TensorSpec.of(p) for p in self.params]
-        self.module_buffers = list(module.buffers())
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        checks.check_same_model(module, self.names, self.process_group)
+        self.device = self.params[0].device
+
+    def _build_engine(self, order: list[int]) -> None:
+        """What the constructor (and unpickling) builds from the options: reduction, observer,
+        usage flags, the buckets in `order`; no collective."""
+        reduce_op, compress, algorithm, ranks_per_node = self._engine_options
+        reducer = BucketReducer(self.process_group, reduce_op, algorithm, ranks_per_node)
+        self.reduction = make_reduction(reducer, compress, self.shard_optimizer, self.params)
+        self.observer = observer_for(self.device, self.overlap)
+        self.usage = UsageFlags(self.names, self.find_unused_parameters)
+        self._reduced_callbacks, self._rebuild_callbacks = [], []  # on_reduced(fn), on_rebuild(fn)
+        self.layout: Layout | None = None
+        self._build_layout(order)
+        self.uneven: _join.Join | None = None  # inside join()
+        self._retired = False  # a newer wrapper took the module over (checks.take_over)
+        self._expect_sync = self._reduced_since_forward = self._callback_queued = False  # see forward
 
     def _attach_hooks(self, module: nn.Module) -> None:
         # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
         me = weakref.ref(self)
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, me, i))
                        for i, p in enumerate(self.params)]
-        self._finalizer = weakref.finalize(self, _remove_hooks, self._hooks, weakref.ref(module))
-        checks.OWNERS[module] = me
+        self._finalizer = weakref.finalize(self, checks.release, self._hooks, weakref.ref(module), me)
+        checks.take_over(module, self)  # an older wrapper of this module is retired
+
+    @property
+    def module_buffers(self) -> list[torch.Tensor]:
+        """The buffers to broadcast, re-read each time: a buffer may be reassigned (pytorch#63916)."""
+        return [b for n, b in self.module.named_buffers() if n not in self._ignored]
 
     def _build_layout(self, order: list[int]) -> None:
         """(Re)allocate the flat buffers for `order`; existing gradients move into them."""
-        assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap)
+        assignment = assign_buckets(self._specs, order, self.bucket_cap_mb, strict=self.strict_bucket_cap,
+                                    caps_mb=self.bucket_cap_mb_list)
         version = self.layout.version + 1 if self.layout is not None else 1
         for fn in self._rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
             fn(self.layout)
@@ -171,9 +189,11 @@ class DistributedDataParallel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
-        self.usage.check()  # the last backward's usage flags (minddp.usage)
+        if self._retired:
+            checks.retired_error()
+        self.usage.check()  # the last backwards' usage flags, once landed (minddp.usage)
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        bcast = self.require_forward_param_sync and self.broadcast_buffers and self.world_size > 1
+        bcast = self.require_forward_param_sync and self.forward_sync_buffers and self.world_size > 1
         src = self.src_rank
         if self.uneven is not None:  # tell the ranks that ran out of data what this iteration does
             src = self.uneven.on_forward(sync, bcast)
@@ -200,20 +220,25 @@ class DistributedDataParallel(nn.Module):
     # ------------------------------------------------------------------ backward
     def _on_grad_ready(self, i: int, p: torch.Tensor) -> None:
         view, grad = self.layout.views[i], p.grad
-        if grad is not view and grad.data_ptr() != view.data_ptr():
-            # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
-            # allocated a fresh tensor: move it into the bucket.
-            if grad.is_sparse:
-                raise RuntimeError(
-                    f"minddp: parameter {self.names[i]!r} has a sparse gradient (e.g. "
-                    "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
-            view.copy_(grad)
-            p.grad = view
+        if grad is not view and (grad is None or grad.data_ptr() != view.data_ptr()):
+            if grad is None:  # undefined (a backward returned None): zeros, as torch's reducer
+                _undefined_grad(self, p, view)
+            else:
+                # .grad was None (e.g. after zero_grad(set_to_none=True)), so autograd
+                # allocated a fresh tensor: move it into the bucket.
+                if grad.is_sparse:
+                    raise RuntimeError(
+                        f"minddp: parameter {self.names[i]!r} has a sparse gradient (e.g. "
+                        "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
+                view.copy_(grad)
+                p.grad = view
         if not self._expect_sync:
             if self._reduced_since_forward:
                 raise RuntimeError(
                     "minddp: backward ran again after this forward's gradients were already "
                     "reduced; run a forward before each backward, or accumulate under no_sync()")
+            if grad is not None and self.find_unused_parameters:  # used in a no_sync() micro-step
+                self.usage.used_unsynced[i] = True
             return
         if not self._callback_queued:
             self._callback_queued = True
@@ -222,7 +247,7 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError(
                 f"minddp: parameter {self.names[i]!r} received a gradient twice in one "
                 "iteration. Call backward once per forward, or accumulate under no_sync().")
-        self._ready[i] = True
+        self._ready[i] = grad is not None or not self.find_unused_parameters  # undefined: not a use
         self._ready_order.append(i)
         buckets = self.layout.buckets
         bucket = buckets[self.layout.bucket_of(i)]
@@ -244,10 +269,13 @@ class DistributedDataParallel(nn.Module):
                 elif p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)
                     p.grad = view
-        if b == len(self.layout.buckets) - 1:
+        last = b == len(self.layout.buckets) - 1
+        if last:
             self.usage.write(bucket.buffer[-len(self.params):], self._ready)  # minddp.usage
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
-        bucket.future = self.observer.launched(b, self.reduction.launch(b))
+        # skip_all_reduce_unused_params: nothing used here travels (the last bucket carries the flags)
+        skip = self.skip_all_reduce_unused_params and not last and self.usage.unused_here(bucket)
+        bucket.future = self.observer.launched(b, _skipped() if skip else self.reduction.launch(b))
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
@@ -272,6 +300,8 @@ class DistributedDataParallel(nn.Module):
             result = bucket.future.wait()
             self.observer.done(b)
             bucket.future = None  # nothing outlives the step (a Work holds its tensors)
+            if result is _SKIPPED:  # skip_all_reduce_unused_params: nothing travelled
+                continue
             wire_bytes += self.reduction.finish(b, result)
             if scale is not None:  # averaged over the ranks still training, not the initial world
                 bucket.buffer.mul_(scale)
@@ -314,55 +344,11 @@ class DistributedDataParallel(nn.Module):
         return _join.join(self, enable=enable, throw_on_early_termination=throw_on_early_termination,
                           divide_by_initial_world_size=divide_by_initial_world_size)
 
-    def on_reduced(self, fn) -> None:
-        """Call fn(b) right after bucket b is reduced, in bucket order (later buckets in flight)."""
-        self._reduced_callbacks.append(fn)
-
-    def on_rebuild(self, fn) -> None:
-        """Call fn(layout) before `layout`'s buckets are rebuilt: views of its buffers must go."""
-        self._rebuild_callbacks.append(fn)
-
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`."""
+        checks.check_comm_hook(hook)  # torch's checks, at registration
         self.reduction = self.reduction.with_hook(state, hook)
         self.reduction.bind(self.layout)
-
-    def grad_norm(self) -> torch.Tensor:
-        """L2 norm of every gradient, read from the flat bucket buffers: one kernel per bucket
-        instead of one per parameter, no host sync. Valid after a synchronised backward."""
-        return gradnorm.grad_norm(self.layout.gradients())
-
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """`torch.nn.utils.clip_grad_norm_` over the flat buffers; returns the norm before clipping."""
-        checks.check_clip(self.optimizer_overlap)
-        return gradnorm.clip_grad_norm_(self.layout.gradients(), max_norm)
-
-    def remove_hooks(self) -> None:
-        """Detach this wrapper from the module (also done when the wrapper is garbage-collected)."""
-        self._finalizer()
-
-    @property
-    def comm_stats(self) -> CommStats:
-        """The last synchronised iteration's communication (see minddp.observer)."""
-        return self.observer.read()
-
-    @property
-    def trace(self) -> list | None:
-        """Set to a list to record (event, bucket, time) tuples (minddp.train.steptrace)."""
-        return self.observer.trace
-
-    @trace.setter
-    def trace(self, events: list | None) -> None:
-        self.observer.trace = events
-
-    @property
-    def bucket_assignment(self) -> list[list[str]]:
-        """Parameter names per bucket, in launch order."""
-        return [[self.names[i] for i in b.param_ids] for b in self.layout.buckets]
-
-    @property
-    def layout_version(self) -> int:
-        return self.layout.version
 
 
 def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
@@ -371,21 +357,36 @@ def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
         ddp._on_grad_ready(i, p)
 
 
-def _broadcast_replicas(ddp: DistributedDataParallel, module: nn.Module) -> None:
-    """Every rank starts from the first rank's parameters and buffers (torch's init sync). Flat
-    parameter buffers (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
+def _undefined_grad(ddp: DistributedDataParallel, p: torch.Tensor, view: torch.Tensor) -> None:
+    """A hook saw .grad None: the gradient is undefined (an autograd.Function returned None, or
+    UndefinedGrad). torch's reducer reduces zeros in its place: .grad is that average without
+    find_unused_parameters; with it the parameter counts as unused here (`_launch` zeroes it
+    and .grad stays None unless another rank used it)."""
+    if ddp._expect_sync and not ddp.find_unused_parameters:
+        view.zero_()
+        p.grad = view
+
+
+_SKIPPED = object()  # a bucket skip_all_reduce_unused_params did not reduce
+
+
+def _skipped() -> torch.futures.Future:
+    future = torch.futures.Future()
+    future.set_result(_SKIPPED)
+    return future
+
+
+def _broadcast_replicas(ddp: DistributedDataParallel, module: nn.Module, buffers: bool) -> None:
+    """Every rank starts from the first rank's parameters and buffers (torch's init sync; without
+    the buffers after the deprecated broadcast_buffers=False, and without what
+    `_set_params_and_buffers_to_ignore_for_model` named). Flat parameter buffers (ZeRO-1's)
+    travel as they are, the rest in coalesced chunks."""
     flat, rest = ddp.reduction.replicas(module)
+    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp._ignored and p.numel()}
+    rest = [t for t in rest if t.data_ptr() not in ignored]  # replicas gives detached aliases
     for t in flat:
         dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
-    broadcast_coalesced(rest + ddp.module_buffers, ddp.process_group, ddp.src_rank)
-
-
-def _remove_hooks(handles, module_ref) -> None:
-    for h in handles:
-        h.remove()
-    module = module_ref()
-    if module is not None:
-        checks.OWNERS.pop(module, None)
+    broadcast_coalesced(rest + (ddp.module_buffers if buffers else []), ddp.process_group, ddp.src_rank)
 
 
 DDP = DistributedDataParallel

@@ -1,10 +1,13 @@
 """What DistributedDataParallel checks before it builds anything, each error naming the fix:
-its arguments (torch DDP's, in torch's meaning, and minddp's own), that every rank holds the
-same model (or the broadcasts that follow would hang), that a module has one live wrapper.
-Also the usage error of a reduce-scatter engine, which sees only its own ranks' flags."""
+its arguments (torch DDP's, in torch's meaning and with torch 2.13's warnings, and minddp's
+own), that every rank holds the same model (or the broadcasts that follow would hang), that a
+module has one live wrapper (a new wrapper takes the module over from the old one). Also the
+usage error of a reduce-scatter engine, which sees only its own ranks' flags."""
 
 from __future__ import annotations
 
+import inspect
+import warnings
 import weakref
 
 import torch
@@ -26,10 +29,13 @@ def check_used_here(names: list[str], ready: list[bool]) -> None:
             "with requires_grad_(False)).")
 
 
-def check_same_model(module: nn.Module, trainable: list[str], group) -> None:
-    """Every rank must hold the same tensors, or the broadcasts that follow would hang."""
-    mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
-    mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers()]
+def check_same_model(module: nn.Module, trainable: list[str], group, ignored=frozenset()) -> None:
+    """Every rank must hold the same tensors, or the broadcasts that follow would hang (the
+    ignored ones, `_set_params_and_buffers_to_ignore_for_model`, never travel)."""
+    mine = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()
+            if n not in ignored]
+    mine += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers()
+             if n not in ignored]
     mine += [("requires_grad", tuple(trainable))]
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
@@ -89,7 +95,7 @@ def option_problems(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorit
 
 
 def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
-                    find_unused_parameters, optimizer_overlap=False) -> None:
+                    find_unused_parameters, optimizer_overlap=False, bucket_cap_mb_list=None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "minddp.DistributedDataParallel needs an initialised process group: "
@@ -98,6 +104,60 @@ def check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorit
     for problem in option_problems(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
                                    find_unused_parameters, optimizer_overlap):
         raise ValueError(problem)
+    if bucket_cap_mb_list is not None and not all(c > 0 for c in bucket_cap_mb_list):  # NaN too
+        raise ValueError(f"bucket_cap_mb_list must hold positive sizes in MiB, "
+                         f"got {list(bucket_cap_mb_list)}")
+
+
+BOTH_BUFFER_FLAGS = ("Both `broadcast_buffers` and `forward_sync_buffers` were specified. "
+                     "`broadcast_buffers` is deprecated and its value is ignored when "
+                     "`forward_sync_buffers` is provided.")
+BROADCAST_BUFFERS_DEPRECATED = (
+    "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
+    "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init. If you rely "
+    "on buffers NOT being synced at init (e.g. rank-local buffers), keep using `broadcast_buffers=False` "
+    "until `init_sync_buffers` is available.")
+CHECK_REDUCTION_DEPRECATED = ("The `check_reduction` argument in `DistributedDataParallel` module is "
+                              "deprecated. Please avoid using it.")
+
+
+def buffer_sync(broadcast_buffers, forward_sync_buffers, check_reduction) -> tuple[bool, bool]:
+    """torch 2.13's rule: (sync buffers at each forward, include them in the init sync), with its
+    FutureWarnings pointing at the constructor's caller. `broadcast_buffers=False` (deprecated)
+    leaves buffers out of both; `forward_sync_buffers=False` only out of the forwards'."""
+    if broadcast_buffers is not None:
+        message = BOTH_BUFFER_FLAGS if forward_sync_buffers is not None else BROADCAST_BUFFERS_DEPRECATED
+        warnings.warn(message, FutureWarning, stacklevel=3)
+    if check_reduction:
+        warnings.warn(CHECK_REDUCTION_DEPRECATED, FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return forward_sync_buffers, True
+    on = True if broadcast_buffers is None else broadcast_buffers
+    return on, on
+
+
+def ignored_names(module: nn.Module) -> set[str]:
+    """What `_set_params_and_buffers_to_ignore_for_model` left out (torch's attribute)."""
+    return set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+
+
+def check_trainable(names: list[str]) -> None:
+    if not names:  # torch's error, word for word
+        raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
+                           "that requires a gradient.")
+
+
+def check_comm_hook(hook) -> None:
+    """torch's `_check_comm_hook`, at registration: callable, with torch's annotations if any."""
+    if not callable(hook):
+        raise TypeError("Communication hook must be callable.")
+    sig = inspect.signature(hook)
+    bucket = sig.parameters.get("bucket")
+    if bucket is not None and bucket.annotation not in (inspect.Parameter.empty, dist.GradBucket):
+        raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    if sig.return_annotation not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        raise ValueError(
+            "Communication hook: return annotation should be torch.futures.Future[torch.Tensor].")
 
 
 def check_clip(optimizer_overlap: bool) -> None:
@@ -142,12 +202,34 @@ def check_not_wrapped(module: nn.Module, wrapper: type) -> None:
     if isinstance(module, (wrapper, nn.parallel.DistributedDataParallel)):
         raise TypeError(f"minddp.DistributedDataParallel: the module is already a {type(module).__name__}; "
                         "wrap the plain model once (pass `ddp.module` to wrap it anew)")
+
+
+def take_over(module: nn.Module, new) -> None:
+    """A module has one live wrapper: the newest (torch allows re-wrapping, e.g. `ddp = DDP(model,
+    **opts)` in a sweep). The previous one loses its hooks, which would fight over .grad, and is
+    retired: its forward raises `retired_error`."""
     owner = OWNERS.get(module)
-    if owner is not None and owner() is not None:
-        raise RuntimeError(
-            "minddp.DistributedDataParallel: this module is already wrapped by another live minddp "
-            "DDP, whose hooks would fight over .grad. Wrap it once, or call old.remove_hooks() "
-            "(or drop the old wrapper) first.")
+    old = owner() if owner is not None else None
+    if old is not None and old is not new:
+        old.remove_hooks()
+        old._retired = True
+    OWNERS[module] = weakref.ref(new)
+
+
+def release(handles, module_ref, owner) -> None:
+    """A wrapper's hooks go (remove_hooks(), or the wrapper was garbage-collected)."""
+    for h in handles:
+        h.remove()
+    module = module_ref()
+    if module is not None and OWNERS.get(module) is owner:
+        OWNERS.pop(module, None)
+
+
+def retired_error() -> None:
+    raise RuntimeError(
+        "minddp.DistributedDataParallel: this wrapper is retired: its module was wrapped again by a newer "
+        "DistributedDataParallel, which took over the module's gradient hooks (one live wrapper per module). "
+        "Use the new wrapper; to go back, wrap `old.module` again.")
 
 
 def _describe(entry) -> str:

@@ -10,7 +10,7 @@ reducer copies its usage map the same way). On the CPU both are plain copies.
     copy_into(tail, flags)                   # ... or into an existing device tensor
     host = to_host(flags)                    # a device tensor into host memory, asynchronously
     ...                                      # later (the next forward):
-    host.tolist()                            # waits for that copy only, then reads it
+    if host.landed(): host.tolist()          # read once the copy has finished: no wait
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def copy_into(dst: torch.Tensor, values) -> None:
 
 
 class HostCopy:
-    """A device tensor's values on their way into host memory; `values()` reads them."""
+    """A device tensor's values on their way into host memory: `landed()` asks without
+    waiting (an event query), `tolist()` reads them."""
 
     def __init__(self, tensor: torch.Tensor):
         if tensor.is_cuda:
@@ -43,8 +44,15 @@ class HostCopy:
         else:
             self.host, self.event = tensor.detach().clone(), None
 
+    def landed(self) -> bool:
+        """Whether the copy has finished: never blocks the host."""
+        if self.event is not None and self.event.query():
+            self.event = None
+        return self.event is None
+
     def tolist(self) -> list:
-        """The values, once their copy has landed (waits for that copy, nothing later)."""
+        """The values, once their copy has landed (waits for that copy, nothing later, if
+        `landed()` was not True yet)."""
         if self.event is not None:
             self.event.synchronize()
             self.event = None

@@ -2,41 +2,71 @@
 
 Each rank writes one flag per parameter into the last bucket's tail before it is reduced:
 "unused here" (or "used here" with find_unused_parameters). After the sum or average, nonzero
-means "on some rank", in any dtype, at no extra collective. Nothing here blocks the host:
-the flags go in from pinned memory and come back to it without waiting (minddp.transfer);
-the next forward reads them and raises on every rank, where torch DDP raises too. Only
-find_unused_parameters needs them at once (which .grad to restore before the optimizer
-step): one host read per step, as in torch DDP's reducer.
+means "on some rank", in any dtype, at no extra collective. With find_unused_parameters a
+parameter counts as used if it got a gradient in any micro-step since the last synchronised
+backward, no_sync() ones included (`used_unsynced`, torch's rule), so every rank keeps the
+same averaged gradient.
+
+Nothing here blocks the host: the flags go in from pinned memory and come back to it without
+waiting (minddp.transfer). A later forward reads them once their copy has landed (an event
+query, no wait) and raises on every rank if some rank left a parameter unused, where torch
+DDP raises too; a copy still in flight is looked at again at the next forwards, and waited
+for at the `MAX_DEFER`-th, so the error comes on every rank within a bounded number of steps.
+Only find_unused_parameters needs the flags at once (which .grad to restore before the
+optimizer step): one host read per step, as in torch DDP's reducer.
 """
 
 from __future__ import annotations
 
+import collections
+
 from . import ddp_checks as checks
 from . import transfer
+
+MAX_DEFER = 2  # forwards a usage check may wait for its flags' copy to land, before it waits
 
 
 class UsageFlags:
     def __init__(self, names: list[str], find_unused_parameters: bool):
         self.names, self.find_unused = names, find_unused_parameters
-        self._pending = None  # the last backward's flags, on their way to the host
+        # find_unused_parameters: got a gradient in a no_sync() micro-step since the last sync
+        self.used_unsynced = [False] * len(names)
+        self._pending = collections.deque()  # [host copy, ready, forwards seen]: oldest first
 
     def write(self, tail, ready: list[bool]) -> None:
+        if self.find_unused:  # used in the synchronised micro-step or in an earlier no_sync() one
+            ready = [r or u for r, u in zip(ready, self.used_unsynced)]
         transfer.copy_into(tail, [r == self.find_unused for r in ready])
+
+    def unused_here(self, bucket) -> bool:
+        """No parameter of the bucket got a gradient on this rank since the last synchronised
+        backward, in no_sync() micro-steps neither (skip_all_reduce_unused_params)."""
+        return len(bucket.unused) == len(bucket.param_ids) and not any(
+            self.used_unsynced[i] for i in bucket.param_ids)
 
     def reduced(self, tail, ready: list[bool], layout, params) -> None:
         """The flags are reduced (`tail`: None when this rank holds only a shard of them)."""
         if tail is None:  # reduce-scatter (ZeRO-1): this rank can check its own use only
             return checks.check_used_here(self.names, ready)
         if self.find_unused:
+            self.used_unsynced = [False] * len(self.names)
             return _restore_grads(transfer.to_host(tail).tolist(), layout, params)
-        self._pending = transfer.to_host(tail), list(ready)
+        self._pending.append([transfer.to_host(tail), list(ready), 0])
 
     def check(self) -> None:
-        """At the next forward: a parameter some rank left unused is an error, on every rank."""
-        if self._pending is not None:
-            (flags, ready), self._pending = self._pending, None
-            unused = [v != 0 for v in flags.tolist()]
+        """At each forward: a parameter some rank left unused is an error, on every rank. Flags
+        whose copy has not landed wait for a later forward (at most MAX_DEFER of them)."""
+        while self._pending:
+            entry = self._pending[0]
+            copy, ready, seen = entry
+            if not copy.landed() and seen < MAX_DEFER:
+                for e in self._pending:
+                    e[2] += 1
+                return
+            self._pending.popleft()
+            unused = [v != 0 for v in copy.tolist()]  # waits only past MAX_DEFER forwards
             if any(unused):
+                self._pending.clear()
                 checks.unused_parameters_error(self.names, unused, ready)
 
 

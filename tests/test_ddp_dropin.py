@@ -171,11 +171,12 @@ def test_comm_stats_bytes_count_what_travels():
 def _wrap_twice(rank, world_size):
     model = MLP()
     first = minddp.DDP(model)
-    with pytest.raises(RuntimeError, match="already wrapped"):
-        minddp.DDP(model)
+    second = minddp.DDP(model)  # as torch: the new wrapper takes the module over, the old one retires
+    with pytest.raises(RuntimeError, match="wrapped again by a newer DistributedDataParallel"):
+        first(torch.zeros(1, 8))
     with pytest.raises(TypeError, match="already a DistributedDataParallel"):
-        minddp.DDP(first)
-    del first
+        minddp.DDP(second)
+    del first, second
     gc.collect()
     # the dropped wrapper removed its hooks: a plain backward leaves local gradients
     x, y = batch(0, world_size)
@@ -189,7 +190,7 @@ def _wrap_twice(rank, world_size):
     minddp.DDP(model)
 
 
-def test_wrapping_twice_is_an_error_and_dropped_wrapper_leaves_module_clean():
+def test_wrapping_again_retires_the_old_wrapper_and_dropped_wrapper_leaves_module_clean():
     multiproc.run(_wrap_twice, 2)
 
 

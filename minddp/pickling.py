@@ -1,0 +1,42 @@
+"""Pickling the wrapper as torch DDP does: `torch.save(ddp)`, `copy.deepcopy(ddp)` (EMA and
+teacher copies).
+
+What a process holds is dropped (the process group, the reduction and its worker thread, the
+observer, the usage flags in flight, the gradient hooks, the bucket buffers, registered
+callbacks); the options, the module and the bucket order travel. Unpickling rebuilds the engine
+for the copy's own parameters, on the default process group (torch's rule: a wrapper on another
+group refuses to pickle), without a collective. Like torch's, the copy is a wrapper that trains:
+its forward broadcasts buffers and its backward reduces gradients, so every rank must make it.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+# per-process or per-iteration state: rebuilt (or reset) on unpickling
+DROPPED = frozenset({"process_group", "reduction", "observer", "usage", "layout", "_hooks", "_finalizer",
+                     "uneven", "_reduced_callbacks", "_rebuild_callbacks", "params", "_specs", "_ready",
+                     "_ready_order", "_next_bucket"})
+
+
+def getstate(ddp) -> dict:
+    if ddp.process_group != dist.group.WORLD:  # torch's error, word for word
+        raise RuntimeError("DDP Pickling/Unpickling are only supported when using DDP with the default "
+                           "process group. That is, when you have called init_process_group and have not "
+                           "passed process_group argument to DDP constructor")
+    state = {k: v for k, v in ddp.__dict__.items() if k not in DROPPED}
+    state["_bucket_order"] = ddp.layout.order()
+    return state
+
+
+def setstate(ddp, state: dict) -> None:
+    state = dict(state)
+    order = state.pop("_bucket_order")
+    nn.Module.__setstate__(ddp, state)
+    ddp.process_group = dist.group.WORLD
+    named = dict(ddp.module.named_parameters())
+    ddp.params = [named[n] for n in ddp.names]
+    ddp._group_info()
+    ddp._build_engine(order)
+    ddp._attach_hooks(ddp.module)
