@@ -180,10 +180,12 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
         if value is not None:
             raise NotImplementedError(f"minddp.DistributedDataParallel does not implement torch DDP's "
                                       f"{name}; use torch.autocast for mixed precision, or torch DDP")
-    if device_mesh is not None:
+    if device_mesh is not None:  # torch's checks and texts
         if process_group is not None:
-            raise RuntimeError("pass process_group or device_mesh, not both (as torch DDP)")
-        process_group = device_mesh.get_group()
+            raise RuntimeError("Cannot specify both process_group and device_mesh arguments.")
+        if device_mesh.ndim != 1:
+            raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
+        process_group = device_mesh.get_group(mesh_dim=0)
     devices = {p.device for p in module.parameters()}
     if device_ids is not None and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
         raise ValueError(f"device_ids={device_ids} only works with a single-device GPU module (torch DDP's "
