@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minddp.costmodel import busbw_factor
+from minddp.perf.costmodel import busbw_factor
+from minddp.perf.sweep import OPS, fit_alpha_beta, run_op
 from minddp.tools import render
-from minddp.tools.bench import OPS, fit_alpha_beta, run_op
 from tests import forked, multiproc
 from tests.conftest import BIN, ROOT, SMALL, metrics, run_train
 
@@ -61,20 +61,20 @@ def test_alpha_beta_fit_recovers_a_known_machine(op, n):
     assert fit_alpha_beta(noisy, n)[1] == pytest.approx(beta, rel=0.05)
 
 
+def _wrong_counts(rank, world_size):
+    """The sweep's check of an all-reduce case, run over a collective that does nothing and over
+    the real one (no torch function patched: the case takes its collective)."""
+    from minddp.perf import sweep
+
+    c = sweep._Inputs(64, torch.float32, world_size, rank, torch.device("cpu"))
+    _, broken = sweep._sum_of_ranks(c, lambda: None)
+    _, real = sweep._sum_of_ranks(c, lambda: torch.distributed.all_reduce(c.x))
+    return broken(), real()
+
+
 def test_wrong_results_are_counted():
-    from minddp.tools import bench
-
-    def _broken(rank, world_size):
-        count, fn, check = bench._setup("all_reduce", 64, torch.float32, world_size, rank)
-        original = torch.distributed.all_reduce
-        try:
-            torch.distributed.all_reduce = lambda t, *a, **k: None  # a collective that does nothing
-            return check()
-        finally:
-            torch.distributed.all_reduce = original
-
-    wrong = multiproc.run(_broken, 2)
-    assert wrong[0] > 0
+    for broken, real in multiproc.run(_wrong_counts, 2):
+        assert broken == 16 and real == 0  # every one of the 16 elements is wrong, then none
 
 
 def md_rows(text: str) -> list[dict]:

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from minddp.perf import memory
 from minddp.tools import bench_memory as bm
 from tests import forked
 
@@ -13,23 +14,23 @@ P = 100e6  # bytes of fp32 parameters
 
 
 def test_what_each_configuration_holds():
-    total = {c: bm.modeled_bytes(c, P, 2)["total"] / P for c in bm.CONFIGS}
+    total = {c: memory.modeled_bytes(c, P, 2)["total"] / P for c in bm.CONFIGS}
     assert total["local"] == 4  # params, grads, AdamW's two states
     assert total["torch-ddp"] == 5  # + the reducer's buckets beside param.grad
     assert total["torch-ddp-view"] == total["minddp-ddp"] == total["minddp-overlap"] == 4  # grads are views
     assert total["minddp-zero1"] == 3  # states / 2
     assert total["torch-zero"] == 4  # torch DDP's 5P, states / 2
-    assert bm.modeled_bytes("minddp-zero1", P, 3)["states"] == pytest.approx(2 * P / 3)
+    assert memory.modeled_bytes("minddp-zero1", P, 3)["states"] == pytest.approx(2 * P / 3)
     for c in bm.CONFIGS:  # the words in the table say what the numbers are
-        parts = bm.modeled_bytes(c, P, 2)
-        assert ("grads P" in bm.HOLDS[c][4]) == (parts["grads"] > 0), c
-        assert ("states 2P/dp" in bm.HOLDS[c][4]) == (parts["states"] < 2 * P), c
+        parts = memory.modeled_bytes(c, P, 2)
+        assert ("grads P" in memory.HOLDS[c][4]) == (parts["grads"] > 0), c
+        assert ("states 2P/dp" in memory.HOLDS[c][4]) == (parts["states"] < 2 * P), c
 
 
 def _held(rank, world_size, config):
     """Bytes of distinct storage this rank holds after a step: parameters, gradients (beyond the
     bucket buffers they may view), bucket buffers, optimizer states; and P."""
-    from minddp.tools.bench_ddp import state_bytes
+    from minddp.perf.memory import state_bytes
     from minddp.tools.workload import GPT_PRESETS, build, lm_loss
 
     model, x = build(GPT_PRESETS["gpt-tiny"], torch.device("cpu"), batch=2)
@@ -63,7 +64,7 @@ def test_what_the_table_says_a_configuration_holds_is_what_it_holds(config):
     from tests import multiproc
 
     held = multiproc.run(_held, 2, config)[0]
-    P, (params, grads, buckets, sharded, _) = held["P"], bm.HOLDS[config]
+    P, (params, grads, buckets, sharded, _) = held["P"], memory.HOLDS[config]
     slack = 64 * 4  # padding to the world size and the usage flags after the last bucket
     assert held["params"] == pytest.approx(params * P, abs=slack), held
     assert held["grads"] == grads * P, held
@@ -102,13 +103,13 @@ def test_report_shows_the_largest_rank_and_both_verdicts():
 
 
 def test_peak_meter_sees_an_allocation_after_its_baseline():
-    meter = bm.PeakMeter()
+    meter = memory.PeakMeter()
     if not meter.reset:
         pytest.skip("this kernel does not reset VmHWM (clear_refs): ru_maxrss is the process's lifetime peak")
     x = torch.ones(50_000_000)  # 200 MB, touched
     del x
     assert meter.peak() >= 190e6
-    assert bm.PeakMeter().peak() < 50e6  # a new meter starts from the resident set now
+    assert memory.PeakMeter().peak() < 50e6  # a new meter starts from the resident set now
 
 
 @pytest.mark.slow

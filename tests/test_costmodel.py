@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minddp import costmodel as cm
+from minddp.perf import costmodel as cm
+from minddp.perf.memory import memory_per_rank
+from minddp.perf.sweep import fit_alpha_beta, run_op
 from minddp.tools import costmodel as costmodel_cli
-from minddp.tools.bench import fit_alpha_beta, run_op
+from minddp.tools.cli import parse_size
 from tests import multiproc
 
 
@@ -61,8 +63,16 @@ def test_ddp_estimate_and_best_bucket():
 
 
 def test_parse_size():
-    assert cm.parse_size("512MB") == 512e6 and cm.parse_size("64MiB") == 64 * 2**20
-    assert cm.parse_size("124M") == 124e6 and cm.parse_size("8") == 8
+    assert parse_size("512MB") == 512e6 and parse_size("64MiB") == 64 * 2**20
+    assert parse_size("124M") == 124e6 and parse_size("8") == 8
+
+
+def test_the_old_import_path_still_answers():
+    """minddp.costmodel is a deprecated re-export of minddp.perf.costmodel, for one release."""
+    from minddp import costmodel as old
+
+    assert old.ring_all_reduce_time is cm.ring_all_reduce_time and old.Calibration is cm.Calibration
+    assert old.memory_per_rank is memory_per_rank and old.parse_size is parse_size
 
 
 def test_cli_answers_the_question(capsys):
@@ -95,8 +105,6 @@ def test_alpha_beta_fit_predicts_measured_gloo_time():
 
 
 def test_tree_against_ring_by_hand():
-    from minddp import costmodel as cm
-
     a, b = 5e-6, 50e9
     # n=16, log2 n = 4: whole-message tree 8(a + M/b) vs ring 30a + 1.875 M/b
     assert cm.unpipelined_tree_all_reduce_time(1e6, 16, a, b) == pytest.approx(8 * (a + 1e6 / b))
@@ -111,8 +119,6 @@ def test_tree_against_ring_by_hand():
 
 
 def test_in_switch_reduction_moves_about_half_a_rings_bytes():
-    from minddp import costmodel as cm
-
     big = 1e11  # bandwidth-bound
     ratio = cm.in_switch_all_reduce_time(big, 72, 3e-6, 900e9) / cm.ring_all_reduce_time(big, 72, 3e-6, 900e9)
     assert ratio == pytest.approx(0.5, abs=0.02)
@@ -120,12 +126,10 @@ def test_in_switch_reduction_moves_about_half_a_rings_bytes():
 
 
 def test_zero1_moves_the_same_bytes_and_shards_the_states():
-    from minddp import costmodel as cm
-
     d = cm.ddp_comm_time(124e6, 4, 25, 8, 5e-6, 50e9)
     z = cm.zero1_comm_time(124e6, 4, 25, 8, 5e-6, 50e9)
     assert z["reduce_scatter_s"] + z["all_gather_s"] == pytest.approx(d["total_s"])
-    plain, sharded = cm.memory_per_rank(124e6, 8), cm.memory_per_rank(124e6, 8, sharded=True)
+    plain, sharded = memory_per_rank(124e6, 8), memory_per_rank(124e6, 8, sharded=True)
     assert plain["optimizer_states"] == 8 * 124e6 and sharded["optimizer_states"] == 124e6
     assert sharded["total"] == plain["weights"] + plain["gradients"] + 124e6
 

@@ -27,15 +27,16 @@ import statistics
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-from .. import _compat
 from ..ddp import DistributedDataParallel
 from ..overlap import OverlappedOptimizer
+from ..perf.clock import PhaseClock, interleaved, sync, timed
+from ..perf.engine_cost import per_bucket_cost, torch_buckets
+from ..perf.memory import state_bytes
 from ..train.model import GPT, num_params
 from ..zero import ShardedOptimizer
 from . import render
-from .cli import PhaseClock, interleaved, ranks_phrase, start, sync, timed
+from .cli import ranks_phrase, start
 from .workload import bench_gpt, lm_loss
 
 
@@ -46,12 +47,6 @@ def step(model, opt, x) -> float:
         opt.step()
 
     return timed(work, x.device)
-
-
-def torch_buckets(model) -> int:
-    """torch DDP's bucket count after its rebuild (from its logging data)."""
-    sizes = _compat.ddp_rebuilt_bucket_sizes(model)
-    return len(sizes.split(",")) if sizes else -1
 
 
 def interleaved_steps(configs, x, rounds: int, per_round: int) -> list[float]:
@@ -112,14 +107,6 @@ def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[flo
     return interleaved(steps, rounds, per_round, x.device)
 
 
-def state_bytes(opt) -> int:
-    """Optimizer state held on this rank (minddp's optimizers and ZeroRedundancyOptimizer keep the
-    torch optimizer, a shard's under ZeRO-1, in .optim)."""
-    inner = getattr(opt, "optim", opt)
-    return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
-               if isinstance(v, torch.Tensor))
-
-
 def optimizer_section(base, x, args) -> list[dict]:
     """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
     repeat), forward / backward / optimizer-step medians, optimizer-state bytes on this rank."""
@@ -135,33 +122,6 @@ def optimizer_section(base, x, args) -> list[dict]:
     for row, (_, _, opt) in zip(rows, configs):
         row["state"] = state_bytes(opt)  # after the steps: AdamW's states exist from the first
     return rows
-
-
-def per_bucket_cost(base, x, reps: int = 20) -> dict[str, tuple[float, int]]:
-    """{engine: (seconds of engine CPU work per bucket, buckets)} with communication stubbed out."""
-    plain = copy.deepcopy(base)
-    ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
-    ours.register_comm_hook(None, lambda state, b: _done(b.buffer()))
-    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
-    theirs.register_comm_hook(None, noop_hook)
-    models = {"plain": plain, "minddp": ours, "torch DDP": theirs}
-    times = {k: [] for k in models}
-    for r in range(reps + 2):
-        for name, m in models.items():
-            loss = lm_loss(m, x)
-            seconds = timed(loss.backward, x.device)
-            if r >= 2:
-                times[name].append(seconds)
-            m.zero_grad()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    n = {"minddp": len(ours.bucket_assignment), "torch DDP": torch_buckets(theirs)}
-    return {k: ((med[k] - med["plain"]) / n[k], n[k]) for k in n}
-
-
-def _done(t):
-    f = torch.futures.Future()
-    f.set_result(t)
-    return f
 
 
 def main() -> None:
@@ -203,7 +163,7 @@ def main() -> None:
     optim = optimizer_section(base, x, args)
     everyone = [None] * world
     dist.all_gather_object(everyone, [r["state"] for r in optim])  # optimizer-state bytes, per rank
-    cost = per_bucket_cost(base, x)
+    cost = per_bucket_cost(base, x, lm_loss)
     if rank == 0:
         for k, row in enumerate(optim):
             row["state"] = [e[k] for e in everyone]

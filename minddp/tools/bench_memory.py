@@ -16,7 +16,8 @@ What is measured, one code path, the device decides:
 - CUDA: `torch.cuda.max_memory_allocated` (the caching allocator's live tensors, from 0).
 Peaks are read after the model is built, after wrap + optimizer, and after every step; the
 largest rank's figure is reported. Beside each, what the configuration holds by construction
-(parameters P, gradients, buckets, optimizer states), computed from the parameter sizes.
+(parameters P, gradients, buckets, optimizer states), computed from the parameter sizes by
+minddp.perf.memory (the one memory model; the meter is its `PeakMeter`).
 Writes <out>.md and <out>.json.
 """
 
@@ -25,12 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from ..perf.memory import HOLDS, PeakMeter, modeled_bytes, state_bytes
 from . import render
 from .workload import GPT_PRESETS
 
@@ -44,86 +45,7 @@ CONFIGS = {  # name -> what it is
     "torch-zero": "torch DDP + ZeroRedundancyOptimizer",
     "minddp-overlap": "minddp DDP(optimizer_overlap=True) + minddp.OverlappedOptimizer",
 }
-# what each configuration holds per rank, in units of P (the fp32 parameter bytes); the
-# optimizer states are AdamW's exp_avg + exp_avg_sq = 2P, divided by dp where sharded
-HOLDS = {
-    "local": (1, 1, 0, False, "params P, grads P, states 2P"),
-    "torch-ddp": (1, 1, 1, False, "params P, grads P, buckets P, states 2P"),
-    "torch-ddp-view": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
-    "minddp-ddp": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
-    "minddp-zero1": (1, 0, 1, True, "params P (flat buffers), grads = bucket views P, states 2P/dp"),
-    "torch-zero": (1, 1, 1, True, "params P, grads P, buckets P, states 2P/dp"),
-    "minddp-overlap": (1, 0, 1, False, "params P, grads = bucket views P, states 2P"),
-}
 BATCH, STEPS, LR = 2, 3, 1e-4
-
-
-def modeled_bytes(config: str, param_bytes: int, dp: int) -> dict:
-    """Bytes one rank holds by construction: parameters, separate gradients, bucket buffers
-    (the gradients themselves where they are bucket views), AdamW's two states (/dp sharded)."""
-    params, grads, buckets, sharded, _ = HOLDS[config]
-    states = 2 * param_bytes / (dp if sharded else 1)
-    parts = {"params": params * param_bytes, "grads": grads * param_bytes,
-             "buckets": buckets * param_bytes, "states": states}
-    return {**parts, "total": sum(parts.values())}
-
-
-# ------------------------------------------------------------------ the worker (one rank)
-class PeakMeter:
-    """Peak memory since construction: VmHWM (reset at start) or ru_maxrss on CPU, the
-    allocator's max_memory_allocated on CUDA."""
-
-    def __init__(self):
-        self.device = None
-        self.reset = _reset_hwm()
-        self.baseline = _rss_bytes()
-        self.method = "VmHWM - RSS after import" if self.reset else "ru_maxrss - RSS after import"
-
-    def on(self, device) -> None:
-        import torch
-
-        self.device = device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            self.baseline, self.method = torch.cuda.memory_allocated(device), "cuda max_memory_allocated"
-
-    def peak(self) -> int:
-        """Bytes above the baseline at the highest point so far."""
-        import torch
-
-        if self.device is not None and self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) - self.baseline
-        return _hwm_bytes(self.reset) - self.baseline
-
-    def absolute(self) -> int:
-        return self.peak() + self.baseline
-
-
-def _reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # Linux >= 4.0: VmHWM := VmRSS
-        return True
-    except OSError:
-        return False
-
-
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key))
-
-
-def _rss_bytes() -> int:
-    try:
-        return _status_kb("VmRSS:") * 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _hwm_bytes(reset: bool) -> int:
-    if reset:
-        return _status_kb("VmHWM:") * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def build(config: str, model, device):
@@ -173,7 +95,6 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     from ..dist import exit_worker
     from ..train.model import GPT, GPTConfig
     from ..zero import ShardedOptimizer  # noqa: F401
-    from .bench_ddp import state_bytes
     from .cli import start
     from .workload import lm_loss  # the baseline (imports are code, not the configuration's)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 
 import torch
@@ -28,10 +27,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..dist import exit_worker
+from ..perf.clock import Clock, interleaved, timed
 from ..train.config import register
 from ..train.trainer import Trainer, build_model
 from . import render
-from .cli import interleaved, pin_to_core, ranks_phrase, timed
+from .cli import pin_to_core, ranks_phrase
 from .workload import GPT_PRESETS, overrides
 
 WORKLOAD = [*overrides(GPT_PRESETS["gpt-trainer"]), "train.global_batch_size=32", "train.micro_batch_size=8",
@@ -76,17 +76,17 @@ class HandLoop:
             loss.item()
 
 
-def timed_methods(parts: dict[str, tuple]) -> dict[str, list[float]]:
-    """Wrap some methods of the trainer and its optimizer to time them (instance attributes
-    only): {label: (object, method name)}."""
+def timed_methods(parts: dict[str, tuple], clock: Clock) -> dict[str, list]:
+    """Wrap some methods of the trainer and its optimizer to time them on `clock` (instance
+    attributes only): {label: (object, method name)} -> {label: [(start, end) marks]}."""
     spent = defaultdict(list)
     for label, (obj, name) in parts.items():
         fn = getattr(obj, name)
 
         def wrapper(*a, _fn=fn, _label=label, **kw):
-            t0 = time.perf_counter()
+            start = clock.mark()
             out = _fn(*a, **kw)
-            spent[_label].append(time.perf_counter() - t0)
+            spent[_label].append((start, clock.mark()))
             return out
 
         setattr(obj, name, wrapper)
@@ -118,9 +118,10 @@ def main() -> None:
     trainer = make_trainer([], tempfile.mkdtemp(prefix="bench-trainer-"))
     loops = {"trainer": None, "bare loop": HandLoop(trainer, True, False),
              "nanoGPT-style loop": HandLoop(trainer, False, True)}
-    spent = timed_methods({"opt.clip_grad_norm_": (trainer.opt, "clip_grad_norm_"),
+    clock = Clock(trainer.info.device)
+    marks = timed_methods({"opt.clip_grad_norm_": (trainer.opt, "clip_grad_norm_"),
                            "agree": (trainer, "agree"), "opt.step": (trainer.opt, "step"),
-                           "log": (trainer, "log")})
+                           "log": (trainer, "log")}, clock)
     names, step = list(loops), {k: 0 for k in loops}
     ratios, medians = defaultdict(list), defaultdict(list)
     for _ in range(args.repeats):
@@ -128,6 +129,7 @@ def main() -> None:
         for k in names:
             medians[k].append(med[k])
             ratios[k].append(med["trainer"] / med[k])
+    spent = {k: [clock.seconds(a, z) for a, z in v] for k, v in marks.items()}
     if dist.get_rank() == 0:
         blocks = report(args, trainer, medians, ratios, spent)
         print(render.markdown(blocks), flush=True)

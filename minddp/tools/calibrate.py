@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..costmodel import BUCKET_OPS, parse_size, simulate_buckets
 from ..ddp import DistributedDataParallel
-from .bench import fit_alpha_beta, run_op, sweep_sizes
-from .cli import start, timed
+from ..perf.calibration import combine, fit_ops, fit_under_backward
+from ..perf.clock import PhaseClock, after_warmup, timed
+from ..perf.engine_cost import per_bucket_cost
+from ..perf.sweep import run_op, sweep_sizes
+from .cli import parse_size, start
 from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, build, lm_loss
 
 # make scaling's GPT and its micro-batch (train.micro_batch_size=2): the floor and the contention
@@ -52,7 +53,7 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
         alone.append(timed(lambda: dist.all_reduce(buf), device))
         loss = lm_loss(model, x)
         dist.barrier()
-        done = []
+        done = []  # the host clock on purpose: when the host learns of completion is what this measures
         t0 = time.perf_counter()
         work = dist.all_reduce(buf, async_op=True)
         work.get_future().then(lambda f, done=done: done.append(time.perf_counter()))
@@ -68,10 +69,8 @@ def contention_factor(device, floor_s: float = 0.0, model_cfg=None, batch: int =
 
 def engine_overhead_per_bucket(device) -> float:
     """Seconds of the engine's own CPU work per bucket, communication stubbed out."""
-    from .bench_ddp import per_bucket_cost
-
     base, x = build(GPT_PRESETS["gpt-small"], device, batch=4)
-    return max(0.0, per_bucket_cost(base, x, reps=10)["minddp"][0])
+    return max(0.0, per_bucket_cost(base, x, lm_loss, reps=10)["minddp"][0])
 
 
 def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: float = 1.0,
@@ -86,14 +85,16 @@ def completion_floor(device, model_cfg=None, batch: int = FLOOR_BATCH, cap_mb: f
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes each
     model, x = build(cfg, device, batch)
     ddp = DistributedDataParallel(model, process_group=groups[dist.get_rank()], bucket_cap_mb=cap_mb)
-    per, buckets = [], 0
-    for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
+
+    def step():
         lm_loss(ddp, x).backward()
         s = ddp.comm_stats
-        buckets = s.num_collectives
-        if r >= 2 and buckets > 1:
-            per.append(s.busy_s / (buckets - 1))
         ddp.zero_grad(set_to_none=True)
+        return s.num_collectives, s.busy_s / max(1, s.num_collectives - 1)
+
+    per = after_warmup(step, reps)  # (buckets, busy per bucket launched under backward)
+    buckets = per[-1][0]
+    per = [p for n, p in per if n > 1]
     t = torch.tensor([statistics.median(per) if per else 0.0], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     return {"per_bucket_s": t.item(), "buckets": buckets, "cap_mb": cap_mb, "batch": batch, "model": cfg}
@@ -117,37 +118,26 @@ def under_backward_fit(device, alone: tuple[float, float], op: str = "all_reduce
     for cap in caps:
         model, x = build(cfg, device, batch)
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap, shard_optimizer=op == "reduce_scatter")
-        busy, backward, forward = [], [], []
-        for r in range(reps + 2):  # the first two: the bucket rebuild and warm-up
-            t0 = time.perf_counter()
+
+        def step(ddp=ddp, x=x):
+            clock = PhaseClock(device)
             loss = lm_loss(ddp, x)
-            t1 = time.perf_counter()
+            clock.mark("forward")
             loss.backward()
+            clock.mark("backward")
+            (_, f0, f1), (_, _, b1) = clock.spans()
             s = ddp.comm_stats
-            if r >= 2:
-                busy.append(s.busy_s)
-                forward.append(t1 - t0)
-                backward.append(time.perf_counter() - t1 - s.exposed_wait_s)
             # zeroed in place: backward accumulates into the bucket views, as the synchronised
             # micro-step does in training (set to None, each gradient would be copied in)
             ddp.zero_grad(set_to_none=False)
-        t = torch.tensor([statistics.median(v) for v in (busy, backward, forward)], dtype=torch.float64,
-                         device=device)
+            return s.busy_s, b1 - f1 - s.exposed_wait_s, f1 - f0
+
+        runs = after_warmup(step, reps)  # (busy, backward, forward) per step
+        t = torch.tensor([statistics.median(v) for v in zip(*runs)], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
         points.append({"cap_mb": cap, "bucket_bytes": [b.grad_nbytes for b in ddp.layout.buckets],
                        "busy_s": t[0].item(), "backward_s": t[1].item(), "forward_s": t[2].item()})
-    cost = BUCKET_OPS[op]
-
-    def error(guess: tuple[float, float]) -> float:
-        total = 0.0
-        for p in points:
-            work = [cost(b, n, *alone) for b in p["bucket_bytes"]]
-            busy = simulate_buckets(p["bucket_bytes"], work, p["backward_s"], *guess)[0]
-            total += math.log(busy / p["busy_s"]) ** 2
-        return total
-
-    grid = [(1.05 ** k, d * 2.5e-4) for k in range(60) for d in range(80)]  # x1-17, 0-20 ms
-    slowdown, delay = min(grid, key=error)
+    slowdown, delay = fit_under_backward(points, alone, op, n)
     share = statistics.median(p["backward_s"] / (p["backward_s"] + p["forward_s"]) for p in points)
     return {"slowdown": slowdown, "delay_s": delay, "backward_share": share, "batch": batch, "points": points}
 
@@ -158,39 +148,15 @@ def write_calibration(path, rows, n, device, floor: dict | None = None, under: d
     under-backward fits (`floor`, `under`: completion_floor's and under_backward_fit's
     arguments, for a quicker measurement in tests). With `more_rows` (the sweep repeated),
     everything is measured once per sweep and each figure is the median over the repeats."""
-    runs = [_calibration(r, n, device, floor, under) for r in [rows, *more_rows]]
-    cal = {**runs[0], "repeats": len(runs), "alpha": _median(runs, "alpha"), "beta": _median(runs, "beta"),
-           "overhead_per_bucket_s": _median(runs, "overhead_per_bucket_s")}
-    cal["ops"] = {op: {k: _median([r["ops"][op] for r in runs], k) for k in ("alpha", "beta")}
-                  for op in runs[0]["ops"]}
-    cal["floor"] = _middle([r["floor"] for r in runs], "per_bucket_s")
-    cal["contention"] = _middle([r["contention"] for r in runs], "factor")
-    if "under_backward" in cal:
-        cal["under_backward"] = {op: _middle([r["under_backward"][op] for r in runs], "slowdown")
-                                 for op in runs[0]["under_backward"]}
+    cal = combine([_calibration(r, n, device, floor, under) for r in [rows, *more_rows]])
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(cal, f, indent=1)
     return cal
 
 
-def _median(dicts: list[dict], key: str) -> float:
-    return statistics.median(d[key] for d in dicts)
-
-
-def _middle(dicts: list[dict], key: str) -> dict:
-    """The measurement whose `key` is the median (the lower middle one of an even count)."""
-    return sorted(dicts, key=lambda d: d[key])[(len(dicts) - 1) // 2]
-
-
 def _calibration(rows, n, device, floor: dict | None, under: dict | None) -> dict:
-    alpha, beta = fit_alpha_beta([r for r in rows if r["op"] == "all_reduce"], n)
-    ops = {}  # every other measured collective's own fit; the engine's own ZeRO-1 collectives
-    for op in sorted({r["op"] for r in rows} - {"all_reduce"}):  # (zero1_*) stand for the op
-        a, b = fit_alpha_beta([r for r in rows if r["op"] == op], n)
-        ops[op] = {"alpha": a, "beta": b}
-    for op in [op for op in ops if op.startswith("zero1_")]:
-        ops[op.removeprefix("zero1_")] = ops[op]  # what the cost model's reduce-scatter means here
+    alpha, beta, ops = fit_ops(rows, n)
     cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta, "ops": ops,
            "overhead_per_bucket_s": engine_overhead_per_bucket(device),
            "floor": completion_floor(device, **(floor or {}))}

@@ -1,17 +1,17 @@
 """Start-up shared by the command-line tools (bench, bench_ddp, bench_trainer, bench_debug,
-timeline, scaling): threads, core pinning, the process group on the right device, timing
-that is true on every backend, and a headless matplotlib."""
+timeline, scaling): threads, core pinning, the process group on the right device, sizes on
+the command line, and a headless matplotlib. Timing is minddp.perf.clock's, for every tool."""
 
 from __future__ import annotations
 
+import argparse
 import os
-import statistics
-import time
+import re
 
 import torch
-import torch.distributed as dist
 
 from ..dist import DistInfo, init_distributed
+from ..perf.clock import timing_strategy  # noqa: F401  (how the tools' reports say they timed)
 
 BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
@@ -44,70 +44,6 @@ def ranks_phrase(world: int, device: torch.device) -> str:
     return f"{world} gloo ranks pinned to a core each, {torch.get_num_threads()} thread(s)"
 
 
-def timing_strategy(device: torch.device) -> str:
-    """On CUDA a collective returns once enqueued: synchronise around what is timed (or use
-    CUDA events); on CPU the host clock sees the work itself."""
-    return "cuda-sync" if device.type == "cuda" else "host-clock"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device: torch.device) -> float:
-    """Seconds that fn's work takes on `device` (synchronised on CUDA)."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
-def interleaved(steps: list, rounds: int, per_round: int, device: torch.device) -> list[list[float]]:
-    """Run each of `steps` (callables returning a time, or a list of times) `per_round` times a
-    round, in an order rotated every round, so that the machine's drift hits all alike; round
-    0 only warms up (bucket rebuilds, optimizer states). Per step, the median of each of its
-    times over the measured rounds, each taken from the slowest rank."""
-    times = [[] for _ in steps]
-    for r in range(rounds + 1):
-        for k in [(i + r) % len(steps) for i in range(len(steps))]:
-            for _ in range(per_round):
-                dist.barrier()
-                t = steps[k]()
-                if r:
-                    times[k].append(list(t) if isinstance(t, (list, tuple)) else [t])
-    t = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [[statistics.median(col) for col in zip(*rows)] for rows in t.tolist()]
-
-
-class PhaseClock:
-    """Phase boundaries on the device's own clock: host time on CPU; on CUDA an event per
-    boundary (the host only enqueued the work), put on the host clock from the start."""
-
-    def __init__(self, device: torch.device):
-        self.cuda, self.t0 = device.type == "cuda", time.perf_counter()
-        self.marks = [(None, self._now())]
-
-    def _now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, self._now()))
-
-    def spans(self) -> list[tuple[str, float, float]]:
-        times = [t for _, t in self.marks]
-        if self.cuda:
-            torch.cuda.synchronize()
-            times = [self.t0 + times[0].elapsed_time(e) / 1e3 for e in times]
-        return [(name, a, z) for (name, _), a, z in zip(self.marks[1:], times, times[1:])]
-
-
 def pyplot():
     """matplotlib without a display."""
     import matplotlib
@@ -116,3 +52,15 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "T": 1e12}
+
+
+def parse_size(text: str) -> float:
+    """'512MB' -> 5.12e8, '64MiB' -> 67108864, '124M' -> 1.24e8 (also for parameter counts)."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MB, 64MiB, 124M)")
+    return float(m.group(1)) * _UNITS[m.group(2).upper()]

@@ -11,14 +11,34 @@ or chrome://tracing. The trainer writes the same for one step with `train.trace_
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 
+from ..perf.clock import PhaseClock, after_warmup, sync
 from ..train.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
-from .cli import PhaseClock, start, sync
+from .cli import start
 from .workload import bench_gpt, lm_loss
+
+
+def traced_step(model, opt, x) -> dict:
+    """One step's trace: forward, backward and optimizer on the device's clock, every bucket's
+    collective from the engine's observer."""
+    tr = StepTrace(model)
+    dist.barrier()
+    sync(x.device)
+    tr.start()
+    clock = PhaseClock(x.device)
+    loss = lm_loss(model, x)
+    clock.mark("forward")
+    loss.backward()
+    clock.mark("backward")
+    opt.step()
+    opt.zero_grad()
+    clock.mark("optimizer")
+    for name, a, z in clock.spans():
+        tr.span(name, a, z)
+    return tr.stop()
 
 
 def compiled(model, how: str):
@@ -65,23 +85,8 @@ def main(argv=None) -> None:
         model = DistributedDataParallel(compiled(GPT(cfg).to(device), how), bucket_cap_mb=args.bucket_mb,
                                         overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        for _ in range(3):  # two warm-up steps (the first rebuilds the buckets), one traced
-            tr = StepTrace(model)
-            dist.barrier()
-            tr.start()
-            t = time.perf_counter()  # spans end after a CUDA sync: the work, not its launch
-            loss = lm_loss(model, x)
-            sync(device)
-            tr.span("forward", t, t := time.perf_counter())
-            loss.backward()
-            sync(device)
-            tr.span("backward", t, time.perf_counter())
-            t = time.perf_counter()
-            opt.step()
-            opt.zero_grad()
-            sync(device)
-            tr.span("optimizer", t, time.perf_counter())
-            trace = tr.stop()
+        # two warm-up steps (the first rebuilds the buckets), then the traced one
+        trace = after_warmup(lambda m=model, o=opt: traced_step(m, o, x), reps=1)[0]
         label = (f"overlap={overlap}, compile={how}: {len(model.bucket_assignment)} buckets, "
                  f"cap {args.bucket_mb:g} MB")
         traces[label] = gather(trace)
@@ -107,11 +112,14 @@ def zero1_timeline(args, device) -> None:
     model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, shard_optimizer=True)
     opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-4, fused=device.type in ("cpu", "cuda"))
     loss_of = lambda: lm_loss(model, x)  # noqa: E731
-    for _ in range(3):  # warm-up (the first rebuilds the buckets); the last backward is traced below
+    def full_step():
         opt.zero_grad()
         loss_of().backward()
-        if _ < 2:
-            opt.step()
+        opt.step()
+
+    after_warmup(full_step, reps=0)  # the bucket rebuild, the optimizer's states
+    opt.zero_grad()
+    loss_of().backward()  # the gradients the traced optimizer step applies
     tr = StepTrace(model)
     dist.barrier()
     sync(device)
