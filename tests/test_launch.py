@@ -228,6 +228,36 @@ def test_slurm_sweep_array_one_task_per_value(tmp_path, slurm):
         shutil.rmtree(ROOT / "outputs" / f"sweep-{jid}", ignore_errors=True)
 
 
+def test_slurm_sweep_over_layouts_world_1_2_4_across_two_nodes_in_one_wandb_group(tmp_path, slurm, reference):
+    """slurm/sweep.sbatch over nodes x processes per node (c10d rendezvous across n1 and n2):
+    each run records its layout, trains the reference curve, and logs into the array's group."""
+    import json
+
+    from tests.wandb_offline import runs_under
+
+    jid = sbatch(slurm, "sweep.sbatch", *ARGS, "wandb.mode=offline",
+                 sbatch_args=["--nodes=2", "--array=0-2", "--cpus-per-task=1",
+                              f"--output={tmp_path}/%x-%A_%a.out"],
+                 env={"SWEEP_KEY": "layout", "SWEEP_VALUES": "1x1 2x1 2x2", "MINDDP_RUN_DIR": "",
+                      "WANDB_MODE": "offline", "WANDB_SILENT": "true"}, wait=False)
+    wait_job(slurm, jid, 300)
+    sweep = ROOT / "outputs" / f"sweep-{jid}"
+    try:
+        layouts = {"layout=1x1": (1, 1, 1), "layout=2x1": (2, 2, 1), "layout=2x2": (4, 2, 2)}
+        assert sorted(p.name for p in sweep.iterdir()) == sorted(layouts), _job_log(tmp_path)
+        for name, layout in layouts.items():
+            info = json.loads((sweep / name / "run.json").read_text())
+            assert (info["world_size"], info["nodes"], info["nproc_per_node"]) == layout, _job_log(tmp_path)
+            assert_same_curves(metrics(sweep / name), reference)
+        assert "2 nodes x 2 (n1,n2)" in _job_log(tmp_path)
+        runs = runs_under(sweep)
+        assert {w["group"] for w in runs} == {f"sweep-{jid}"}  # one W&B group per array
+        worlds = sorted((w["config"]["world_size"], w["config"]["nodes"]) for w in runs)
+        assert worlds == [(1, 1), (2, 2), (4, 2)]
+    finally:
+        shutil.rmtree(sweep, ignore_errors=True)
+
+
 def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slurm, long_reference):
     ref = long_reference
     run_dir = tmp_path / "run"
