@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check soak-faults lint clean
+.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check wheelhouse soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 # torchrun gives each worker OMP_NUM_THREADS=1 unless set, and warns about it on every launch: set it
@@ -17,11 +17,14 @@ help:  ## this list: every target, one line each
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:[^#]*## /\t/' | awk -F'\t' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 install: $(STAMP)  ## create .venv and install minddp (once; again when pyproject.toml changes)
+	@# one line if torch is a CPU build where nvidia-smi sees a GPU (a +cpu wheel is never replaced by the stamp)
+	@! command -v nvidia-smi >/dev/null || $(BIN)/python scripts/gpu_check.py --torch-build
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip >/dev/null
-	# torch is pinned in pyproject.toml (torch==2.13.0): the CPU wheel on these machines
+	# torch is pinned in pyproject.toml (torch==2.13.0): the CPU wheel on these machines; on a GPU
+	# machine it is a floor (torch >= 2.11): keep its CUDA build (make gpu-check PYTHON=python3)
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
@@ -113,8 +116,18 @@ scaling: install  ## the trainer over world sizes and caps beside the cost model
 # CUDA tensors, no host sync in a steady step, overlap in a profiler trace, flat memory, the flight
 # recorder, the trainer in bf16 (MFU, resume, SIGTERM), tp=2, the demos, the nccl collective table.
 # One verdict per line, logs and summary.json under gpu_check/; no usable CUDA: one line, exit 1
-gpu-check: install  ## on a CUDA machine (< 10 min): PASS/FAIL/SKIP per item, gpu_check/summary.json
-	$(BIN)/python scripts/gpu_check.py --out gpu_check
+# Any Python with a CUDA torch (PYTHON=python3: the node's own, never reinstalled); what it lacks comes
+# from wheelhouse/ with no index, into .venv-gpu (a venv that sees that torch). Default: .venv's Python.
+gpu-check:  ## on a CUDA machine (< 10 min): PASS/FAIL/SKIP per item, gpu_check/summary.json
+	$(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))) \
+	  scripts/gpu_check.py --out gpu_check
+
+# on a connected machine: what gpu-check and training need besides torch, for a GPU node without
+# internet (a few MB; WHEEL_PYTHONS: the node's Python versions; WHEEL_EXTRAS='numpy tokenizers wandb')
+WHEEL_PYTHONS ?= 3.10 3.11 3.12 3.13
+WHEEL_EXTRAS ?=
+wheelhouse:  ## minddp's dependencies (never torch) in wheelhouse/, for make gpu-check on an offline node
+	$(PYTHON) scripts/wheelhouse.py --out wheelhouse --pythons "$(WHEEL_PYTHONS)" --extras "$(WHEEL_EXTRAS)"
 
 # faults that lose runs, on 2-rank jobs (~3 min, root for the tmpfs): a disk that fills up mid-run,
 # kill -9 during saves, all checkpoints unreadable; each resume must equal an uninterrupted run

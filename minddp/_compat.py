@@ -1,4 +1,5 @@
-"""Every private torch call minddp makes, in one place, each with why it is needed.
+"""Every private torch call minddp makes, in one place, each with why it is needed, and the
+differences between the torch releases minddp supports (TORCH_FLOOR and later).
 
 torch has no public API for these; if one moves in a later release, this file is
 the only one to change.
@@ -11,6 +12,20 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+# The oldest torch minddp runs on: GPU nodes bring their own CUDA build (e.g. 2.11 with CUDA 13).
+# pyproject.toml pins 2.13.0 exactly only so a CPU machine's `make install` gets the CPU wheel.
+TORCH_FLOOR = "2.11"
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string: "2.11.0+cu130" -> (2, 11)."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def torch_supported(version: str = torch.__version__) -> bool:
+    return torch_release(version) >= torch_release(TORCH_FLOOR)
 
 
 def queue_autograd_callback(fn) -> None:

@@ -3,9 +3,11 @@
     torchrun --nproc_per_node=N scripts/gpu_check_worker.py nccl OUT       # one rank per GPU
     torchrun --nproc_per_node=2 scripts/gpu_check_worker.py gloo-cuda OUT  # 2 ranks on cuda:0
 
-Each check returns (ok, detail); rank 0 writes {check: [ok, detail]} to OUT/worker_<mode>.json.
-Every rank runs every check in the same order (they are collectives); one that raises is a FAIL
-with its error, and the next check still runs.
+Each check returns (ok, detail), ok None for a SKIP with its reason; rank 0 writes
+{check: [ok, detail]} to OUT/worker_<mode>.json. Every rank runs every check in the same order
+(they are collectives); one that raises is a FAIL with its error, and the next check still runs.
+Every check is listed in every mode, so the console says what each mode could not prove
+(`skip_reason`). The verdicts are gpu_check.py's pure functions.
 """
 
 from __future__ import annotations
@@ -22,13 +24,41 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import gpu_check as verdicts  # noqa: E402 - this folder is on sys.path (the script's own)
 
 import minddp  # noqa: E402
-from minddp import _compat  # noqa: E402
-from minddp.observer import _union_length  # noqa: E402 - the same union CommStats.busy_s uses
+from minddp import _compat, transfer  # noqa: E402
+from minddp.dist import exit_worker  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 2048, 8, 4096  # ~34M parameters: several 25 MiB buckets, real backward kernels
+KINDS = ("ddp", "optimizer_overlap", "fp16", "bf16", "zero1")
+NAMES = [*(f"equivalence {k}" for k in KINDS),
+         *(f"no host sync {k}" for k in ("ddp", "zero1", "optimizer_overlap")),
+         "overlap", "comm stats", "memory flat 200 steps", "flight recorder", "find_unused_parameters",
+         "join"]
+WORLD1 = ("world 1: the all-reduce is a no-op, so it proves nothing here; "
+          "the 2-rank proof is the gloo-cuda worker's")
+
+
+def skip_reason(name: str, mode: str, world: int) -> str | None:
+    """Why `name` proves nothing in this mode and world (a SKIP), or None (it runs). Pure."""
+    if mode == "nccl":
+        if world < 2 and (name.startswith("equivalence") or name in ("find_unused_parameters", "join")):
+            return WORLD1
+        if world < 2 and name in ("overlap", "comm stats"):
+            return "world 1: no collective kernel; needs 2 GPUs"
+        return None
+    if name == "comm stats":
+        return None  # gloo futures carry no CUDA event: the timings must still be sane
+    if name.startswith("no host sync"):
+        return "gloo copies CUDA tensors through host memory: a host sync by design"
+    if name == "equivalence zero1":
+        return "gloo's reduce-scatter is CPU-only; ZeRO-1 is checked on nccl"
+    if name in ("overlap", "memory flat 200 steps", "flight recorder"):
+        return "an nccl item (collective kernels, the caching allocator under NCCL, NCCL's recorder)"
+    return None
 
 
 def model(device, width=WIDTH, depth=DEPTH) -> nn.Module:
@@ -46,15 +76,15 @@ def loss_of(net, x):
     return net(x).float().square().mean()
 
 
-def wrap(kind: str, net, lr: float = 1e-4):
+def wrap(kind: str, net, lr: float = 1e-4, **options):
     """(engine, optimizer) for: ddp, zero1, optimizer_overlap, fp16, bf16."""
     if kind == "zero1":
-        ddp = minddp.DDP(net, shard_optimizer=True)
+        ddp = minddp.DDP(net, shard_optimizer=True, **options)
         return ddp, minddp.ShardedOptimizer(ddp, torch.optim.AdamW, lr=lr)
     if kind == "optimizer_overlap":
-        ddp = minddp.DDP(net, optimizer_overlap=True)
+        ddp = minddp.DDP(net, optimizer_overlap=True, **options)
         return ddp, minddp.OverlappedOptimizer(ddp, torch.optim.AdamW, lr=lr)
-    ddp = minddp.DDP(net, compress=kind if kind in ("fp16", "bf16") else None)
+    ddp = minddp.DDP(net, compress=kind if kind in ("fp16", "bf16") else None, **options)
     return ddp, minddp.ReplicatedOptimizer(ddp, torch.optim.AdamW, lr=lr)
 
 
@@ -65,20 +95,67 @@ def step(ddp, opt, x) -> None:
 
 
 # --------------------------------------------------------------------------- checks
+class SyncWatch:
+    """Event, stream and device synchronisations whose Python stack passes through minddp/, from
+    torch.cuda._gpu_trace's callbacks (what set_sync_debug_mode does not flag: cudaEventSynchronize).
+    The check script's own instrument: minddp itself never patches torch."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.on = False
+        from torch.cuda import _gpu_trace as trace
+
+        torch._C._activate_gpu_trace()  # the CUDA sanitizer's switch: syncs call the callbacks below
+        trace.register_callback_for_event_synchronization(lambda e: self._seen("event"))
+        trace.register_callback_for_stream_synchronization(lambda s: self._seen("stream"))
+        trace.register_callback_for_device_synchronization(lambda: self._seen("device"))
+
+    def _seen(self, kind: str) -> None:
+        if self.on:
+            where = minddp_frame(sys._getframe(1))
+            if where:
+                self.calls.append(f"{kind} sync at {where}")
+
+
+def minddp_frame(frame) -> str | None:
+    """The innermost frame in minddp/'s code, as 'file.py:line', or None."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if f"{os.sep}minddp{os.sep}" in path:
+            return f"{path.split(os.sep + 'minddp' + os.sep, 1)[1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+WATCH: SyncWatch | None = None
+
+
 def check_no_host_sync(device, kind: str):
-    """A steady step under torch.cuda.set_sync_debug_mode("error"): any host sync raises."""
+    """Two steady steps under set_sync_debug_mode("error") (memcpy/item syncs raise) and the
+    SyncWatch (event/stream/device syncs from minddp). The watch proves it sees first: a
+    minddp HostCopy read, which waits on its event, must be caught."""
+    global WATCH
+    WATCH = WATCH or SyncWatch()
+    WATCH.on, WATCH.calls = True, []
+    transfer.to_host(torch.ones(4, device=device)).tolist()  # a sync minddp makes on purpose
+    seen, WATCH.calls = WATCH.calls, []
+    if not any("transfer.py" in c for c in seen):
+        WATCH.on = False
+        return False, f"the watch missed minddp's own event sync (saw {seen}): it would miss others"
     ddp, opt = wrap(kind, model(device))
     for i in range(3):  # the first iteration rebuilds the buckets (one plan broadcast)
         step(ddp, opt, data(device, i))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for i in range(3, 5):
+        for i in range(3, 5):  # the second steady step's forward reads the first's usage flags
             step(ddp, opt, data(device, i))
     finally:
         torch.cuda.set_sync_debug_mode(0)
+        WATCH.on = False
     torch.cuda.synchronize()
-    return True, f"{kind}: 2 steady steps, no host sync"
+    calls = sorted(set(WATCH.calls))
+    return not calls, f"{kind}: 2 steady steps, " + (f"host syncs: {calls}" if calls else "no host sync")
 
 
 def _two_backwards(model, x):
@@ -114,31 +191,50 @@ def check_equivalence(device, kind: str):
     return err <= tol * max(scale, 1e-12), f"{kind}: max |grad - torch DDP| {err:.3g} (scale {scale:.3g})"
 
 
-def check_overlap_and_stats(device, world: int):
-    """A profiled steady step: collective kernels run while backward kernels run (world >= 2),
-    and CommStats' CUDA-event busy time agrees with the profiler's collective kernels."""
+def profiled_backward(device, overlap: bool):
+    """One profiled steady backward: (collective kernel intervals, other kernel intervals, engine)."""
     from torch.profiler import ProfilerActivity, profile
 
-    ddp, opt = wrap("ddp", model(device))
+    ddp, opt = wrap("ddp", model(device), overlap=overlap)
     for i in range(3):
         step(ddp, opt, data(device, i))
+    x = data(device, 3)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        loss_of(ddp, data(device, 3)).backward()
+        loss_of(ddp, x).backward()
         torch.cuda.synchronize()
-    stats = ddp.comm_stats
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+    kernels = [(e.name.lower(), e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    comm = [(a, z) for n, a, z in kernels if "nccl" in n.lower()]
-    compute = [(a, z) for n, a, z in kernels if "nccl" not in n.lower() and "memcpy" not in n.lower()]
-    overlapped = sum(1 for a, z in comm if any(a < cz and ca < z for ca, cz in compute))
-    kernel_busy = _union_length(comm) / 1e6
-    consistent = stats.busy_s >= 0.8 * kernel_busy and (kernel_busy > 0 or world == 1)
-    detail = (f"{len(comm)} collective kernels, {overlapped} concurrent with compute; busy_s "
-              f"{stats.busy_s * 1e3:.2f} ms (events) vs collective kernels {kernel_busy * 1e3:.2f} ms "
-              f"(profiler); {stats.launched_in_backward}/{stats.num_buckets} buckets launched in backward")
-    ok = consistent and (overlapped > 0 if world >= 2 else True)
-    return ok, detail
+    comm = [(a, z) for n, a, z in kernels if "nccl" in n]
+    compute = [(a, z) for n, a, z in kernels if "nccl" not in n and "memcpy" not in n and "memset" not in n]
+    return comm, compute, ddp
+
+
+def check_overlap(device, world: int):
+    """Collective kernels beside backward kernels with overlap=True; the overlap=False control must
+    show them serialised, or the measurement itself proves nothing."""
+    comm, compute, _ = profiled_backward(device, overlap=True)
+    serial_comm, serial_compute, _ = profiled_backward(device, overlap=False)
+    overlapped = verdicts.concurrent_fraction(comm, compute)
+    serial = verdicts.concurrent_fraction(serial_comm, serial_compute)
+    ok, detail = verdicts.overlap_verdict(world, overlapped, serial, len(comm))
+    return ok, f"{len(comm)} collective kernels; {detail}"
+
+
+def check_comm_stats(device, world: int, mode: str):
+    """CommStats' times: on nccl against the profiler's collective kernels; on gloo (no CUDA event
+    on its futures) finite, positive and inside their span."""
+    if mode != "nccl":
+        ddp, opt = wrap("ddp", model(device, width=1024, depth=4))
+        for i in range(3):
+            step(ddp, opt, data(device, i, width=1024)[:1024])
+        s = ddp.comm_stats
+        return verdicts.stats_sane_verdict(s.busy_s, s.comm_time_s, s.exposed_wait_s)
+    comm, _, ddp = profiled_backward(device, overlap=True)
+    stats = ddp.comm_stats
+    ok, detail = verdicts.comm_stats_verdict(world, stats.busy_s, verdicts.union_length(comm) / 1e6,
+                                             stats.num_buckets)
+    return ok, f"{detail}; {stats.launched_in_backward}/{stats.num_buckets} buckets launched in backward"
 
 
 def check_memory_flat(device, steps: int = 200):
@@ -207,19 +303,18 @@ def check_join(device):
 
 
 def checks(mode: str, device, world: int):
-    # gloo with CUDA tensors: the all-reduce paths (its reduce, ZeRO-1's, may be CPU-only)
-    kinds = ["ddp", "optimizer_overlap", "fp16", "bf16"] + (["zero1"] if mode == "nccl" else [])
-    for kind in kinds:
-        yield f"equivalence {kind}", lambda kind=kind: check_equivalence(device, kind)
-    if mode == "nccl":  # gloo copies CUDA tensors through host memory: a sync by design
-        for kind in ("ddp", "zero1", "optimizer_overlap"):
-            yield f"no host sync {kind}", lambda kind=kind: check_no_host_sync(device, kind)
-        yield "overlap and comm stats", lambda: check_overlap_and_stats(device, world)
-        yield "memory flat 200 steps", lambda: check_memory_flat(device)
-        yield "flight recorder nccl", lambda: check_flight_recorder(device)
-        if world >= 2:
-            yield "find_unused_parameters", lambda: check_find_unused(device)
-            yield "join", lambda: check_join(device)
+    """(name, check) for every name in NAMES: a SKIP with its reason where it proves nothing."""
+    runs = {"overlap": lambda: check_overlap(device, world),
+            "comm stats": lambda: check_comm_stats(device, world, mode),
+            "memory flat 200 steps": lambda: check_memory_flat(device),
+            "flight recorder": lambda: check_flight_recorder(device),
+            "find_unused_parameters": lambda: check_find_unused(device), "join": lambda: check_join(device)}
+    for kind in KINDS:
+        runs[f"equivalence {kind}"] = lambda kind=kind: check_equivalence(device, kind)
+        runs[f"no host sync {kind}"] = lambda kind=kind: check_no_host_sync(device, kind)
+    for name in NAMES:
+        reason = skip_reason(name, mode, world)
+        yield name, (lambda reason=reason: (None, reason)) if reason else runs[name]
 
 
 def main() -> None:
@@ -237,18 +332,20 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False  # exact comparisons against torch DDP
     results = {}
     for name, check in checks(mode, device, dist.get_world_size()):
+        print(f"rank {dist.get_rank()} {name} ...", flush=True)
         try:
             ok, detail = check()
         except Exception as e:  # noqa: BLE001 - a FAIL with its reason; the next check still runs
             ok, detail = False, f"{type(e).__name__}: {e}"
             traceback.print_exc()
-        flags = torch.tensor([0.0 if ok else 1.0], device=device)
-        dist.all_reduce(flags)  # FAIL if any rank failed
-        results[name] = [bool(flags.item() == 0), detail]
-        print(f"rank {dist.get_rank()} {name}: {'ok' if ok else 'FAIL'} {detail}", flush=True)
+        flags = torch.tensor([0.0 if ok is None else 1.0 if ok is False else 0.5], device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # FAIL if any rank failed
+        results[name] = [None if ok is None else bool(flags.item() < 1), detail]
+        print(f"rank {dist.get_rank()} {name}: {results[name][0]} {detail}", flush=True)
     if dist.get_rank() == 0:
         (out / f"worker_{mode}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
+    exit_worker(0)  # the trainer's guard: no teardown abort (-6) with the flight recorder on
 
 
 if __name__ == "__main__":

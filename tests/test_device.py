@@ -141,22 +141,26 @@ def test_gpu_check_without_cuda_fails_in_one_line_saying_nothing_was_checked():
     assert "CPU-only build" in lines[0]  # the reason here: torch==2.13.0 is the CPU wheel
 
 
-def test_gpu_check_worker_runs_the_multi_gpu_checks_only_where_they_mean_something():
+def test_gpu_check_worker_lists_every_check_in_every_mode_and_skips_where_it_proves_nothing():
     import importlib.util
+    import sys
 
+    sys.path.insert(0, str(ROOT / "scripts"))  # the worker imports gpu_check, its folder's
     path = ROOT / "scripts" / "gpu_check_worker.py"
     spec = importlib.util.spec_from_file_location("gpu_check_worker", path)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     names = lambda mode, world: [n for n, _ in worker.checks(mode, None, world)]  # noqa: E731
-    one, eight, gloo = names("nccl", 1), names("nccl", 8), names("gloo-cuda", 2)
-    for kind in ("ddp", "zero1", "optimizer_overlap", "fp16", "bf16"):
-        assert f"equivalence {kind}" in one and f"equivalence {kind}" in eight
-        assert f"equivalence {kind}" in gloo or kind == "zero1"  # ZeRO-1 on nccl only
-    assert {"no host sync ddp", "no host sync zero1", "no host sync optimizer_overlap",
-            "overlap and comm stats", "memory flat 200 steps", "flight recorder nccl"} <= set(one)
-    assert "join" not in one and {"join", "find_unused_parameters"} <= set(eight)
-    assert not any(n.startswith("no host sync") for n in gloo)  # gloo copies through the host
+    assert names("nccl", 1) == names("nccl", 8) == names("gloo-cuda", 2) == worker.NAMES
+    skipped = lambda mode, world: {n for n, c in worker.checks(mode, None, world)  # noqa: E731
+                                   if n in worker.NAMES and worker.skip_reason(n, mode, world)}
+    assert skipped("nccl", 8) == set()
+    one_gpu = skipped("nccl", 1)
+    assert {"equivalence ddp", "join", "find_unused_parameters", "overlap", "comm stats"} <= one_gpu
+    assert not any(n.startswith("no host sync") for n in skipped("nccl", 1))
+    assert {n for n in worker.NAMES if n.startswith("no host sync")} <= skipped("gloo-cuda", 2)  # via host
+    one = dict(worker.checks("nccl", None, 1))
+    assert one["join"]()[0] is None and "no-op" in one["join"]()[1]  # a SKIP with its reason, not a PASS
 
 
 @pytest.mark.slow
