@@ -11,9 +11,25 @@ from tests.conftest import BIN, ROOT
 
 
 def _demo(rank, world_size, name):
+    """The demo's own result and what it printed (rank 0 prints the tables)."""
+    import contextlib
     import importlib
+    import io
 
-    importlib.import_module(f"minddp.demos.{MODULES[name]}").run()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = importlib.import_module(f"minddp.demos.{MODULES[name]}").run()
+    return result, out.getvalue()
+
+
+# what rank 0's table shows, per demo: the closed forms the demo asserts, as a reader sees them
+def _shows(name, n) -> list[str]:
+    total = n * (n + 1) // 2
+    return {"spmd": [f"expect n(n-1)/2 = {n * (n - 1) // 2}", f"after={float(n * (n - 1) // 2)}"],
+            "collectives": ["all_reduce=[" + ", ".join(f"{n * i + n * (n - 1) / 2}" for i in range(n)) + "]"],
+            "manual_all_reduce": ["reduce_scatter + all_gather == all_reduce"],
+            "hierarchical": [f"result {float(total)}"],
+            "minimal_ddp": ["same parameters"]}.get(name, [])
 
 
 # 4 ranks wherever it adds something (odd node counts, uneven splits, rings longer than 2);
@@ -25,7 +41,16 @@ CASES = [(name, 2) for name in sorted(DEMOS)] + [(name, 4) for name in sorted(DE
 
 @pytest.mark.parametrize("name,world_size", CASES)
 def test_demo(name, world_size):
-    multiproc.run(_demo, world_size, name, timeout=90)
+    results = multiproc.run(_demo, world_size, name, timeout=90)
+    out = results[0][1]
+    for r in range(world_size):  # every table has every rank's row, gathered to rank 0
+        assert out.count(f"  rank {r}: ") == out.count("  rank 0: ") >= 1, out
+    for text in _shows(name, world_size):
+        assert text in out, (text, out)
+    if name == "async":  # the overlap it exists to show: each rank but the late last one
+        # finished its matmul while its all-reduce still waited for the last rank
+        assert [res["computed_while_pending"] for res, _ in results[:-1]] == [True] * (world_size - 1)
+        assert "waited for rank 1: True" in out
 
 
 def _demo_under_meta_default(rank, world_size, name):
