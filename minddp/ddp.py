@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _compat
+from . import _compat, replicas
 from . import ddp_checks as checks
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
@@ -115,8 +115,6 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
         self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.overlap
         self.find_unused_parameters = find_unused_parameters
-        # torch 2.13: a bucket whose parameters are all unused here is not reduced (with
-        # find_unused_parameters; the unused set must be the same on every rank, as in torch)
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params and find_unused_parameters
         self.batched_grad_copy = batched_grad_copy  # accepted: each gradient is one copy already
         self._engine_options = reduce_op, compress, algorithm, ranks_per_node  # kept by pickling
@@ -124,7 +122,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
         self._build_engine(list(reversed(range(len(self.params)))))
         if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
-            _broadcast_replicas(self, module, init_sync_buffers)
+            replicas.init_sync(self, module, init_sync_buffers)
         self._attach_hooks(module)
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
@@ -169,8 +167,8 @@ class DistributedDataParallel(PublicAPI, nn.Module):
 
     @property
     def module_buffers(self) -> list[torch.Tensor]:
-        """The buffers to broadcast, re-read each time: a buffer may be reassigned (pytorch#63916)."""
-        return [b for n, b in self.module.named_buffers() if n not in self._ignored]
+        """The buffers each forward broadcasts, re-read each time (minddp.replicas)."""
+        return replicas.synced_buffers(self.module, self._ignored)
 
     def _build_layout(self, order: list[int]) -> None:
         """(Re)allocate the flat buffers for `order`; existing gradients move into them."""
@@ -270,13 +268,15 @@ class DistributedDataParallel(PublicAPI, nn.Module):
                 elif p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)
                     p.grad = view
-        last = b == len(self.layout.buckets) - 1
-        if last:
-            self.usage.write(bucket.buffer[-len(self.params):], self._ready)  # minddp.usage
+        flags = bucket.buffer[-len(self.params):] if b == len(self.layout.buckets) - 1 else None
+        if flags is not None:
+            self.usage.write(flags, self._ready)  # minddp.usage
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
-        # skip_all_reduce_unused_params: nothing used here travels (the last bucket carries the flags)
-        skip = self.skip_all_reduce_unused_params and not last and self.usage.unused_here(bucket)
-        bucket.future = self.observer.launched(b, _skipped() if skip else self.reduction.launch(b))
+        if self.skip_all_reduce_unused_params and self.usage.unused_here(bucket):  # the flags only
+            future = _Skipped(self.reduction.reducer(flags) if flags is not None else None)
+        else:
+            future = self.reduction.launch(b)
+        bucket.future = self.observer.launched(b, future)
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""
@@ -301,7 +301,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             result = bucket.future.wait()
             self.observer.done(b)
             bucket.future = None  # nothing outlives the step (a Work holds its tensors)
-            if result is _SKIPPED:  # skip_all_reduce_unused_params: nothing travelled
+            if result is _Skipped:  # skip_all_reduce_unused_params: the gradients stayed home
                 continue
             wire_bytes += self.reduction.finish(b, result)
             if scale is not None:  # averaged over the ranks still training, not the initial world
@@ -368,26 +368,21 @@ def _undefined_grad(ddp: DistributedDataParallel, p: torch.Tensor, view: torch.T
         p.grad = view
 
 
-_SKIPPED = object()  # a bucket skip_all_reduce_unused_params did not reduce
+class _Skipped:
+    """A bucket whose parameters are all unused here, under skip_all_reduce_unused_params (which
+    needs find_unused_parameters): its gradients are not reduced, torch's meaning (the unused set
+    must then be the same on every rank, as in torch); the last bucket's usage flags still are."""
 
+    def __init__(self, flags_future):
+        self.flags = flags_future
 
-def _skipped() -> torch.futures.Future:
-    future = torch.futures.Future()
-    future.set_result(_SKIPPED)
-    return future
+    def done(self) -> bool:
+        return self.flags is None or self.flags.done()
 
-
-def _broadcast_replicas(ddp: DistributedDataParallel, module: nn.Module, buffers: bool) -> None:
-    """Every rank starts from the first rank's parameters and buffers (torch's init sync; without
-    the buffers after the deprecated broadcast_buffers=False, and without what
-    `_set_params_and_buffers_to_ignore_for_model` named). Flat parameter buffers (ZeRO-1's)
-    travel as they are, the rest in coalesced chunks."""
-    flat, rest = ddp.reduction.replicas(module)
-    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp._ignored and p.numel()}
-    rest = [t for t in rest if t.data_ptr() not in ignored]  # replicas gives detached aliases
-    for t in flat:
-        dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
-    broadcast_coalesced(rest + (ddp.module_buffers if buffers else []), ddp.process_group, ddp.src_rank)
+    def wait(self):
+        if self.flags is not None:
+            self.flags.wait()
+        return _Skipped
 
 
 DDP = DistributedDataParallel

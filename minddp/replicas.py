@@ -1,0 +1,32 @@
+"""Which tensors travel to keep the replicas equal: the init sync and each forward's buffers.
+
+torch's rules: at construction every parameter and buffer goes from the group's first rank to
+the others (`_sync_module_states`), buffers left out after the deprecated
+`broadcast_buffers=False`; before each forward the buffers go again, re-read from
+`module.named_buffers()` each time, since a module may reassign one (pytorch#63916). Names given
+to `_set_params_and_buffers_to_ignore_for_model` never travel.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .collectives import broadcast_coalesced
+
+
+def synced_buffers(module: nn.Module, ignored) -> list[torch.Tensor]:
+    return [b for n, b in module.named_buffers() if n not in ignored]
+
+
+def init_sync(ddp, module: nn.Module, buffers: bool) -> None:
+    """Every rank starts from the first rank's parameters (and buffers). Flat parameter buffers
+    (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
+    flat, rest = ddp.reduction.replicas(module)
+    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp._ignored and p.numel()}
+    rest = [t for t in rest if t.data_ptr() not in ignored]  # replicas gives detached aliases
+    for t in flat:
+        dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
+    broadcast_coalesced(rest + (synced_buffers(module, ddp._ignored) if buffers else []), ddp.process_group,
+                        ddp.src_rank)
