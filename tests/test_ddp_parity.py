@@ -325,8 +325,9 @@ def test_bucket_cap_mb_list_assigns_like_torchs_reducer(seed):
     tensors = [torch.empty(n, dtype=d) for n, d in zip(sizes, dtypes)]
     order = list(reversed(range(len(sizes))))
     # torch's reducer passes the tensors in ready order, their indices as labels
-    theirs, _ = dist._compute_bucket_assignment_by_size([tensors[i] for i in order], [int(c * MiB) for c in caps],
-                                                        [False] * len(sizes), order)
+    limits = [int(c * MiB) for c in caps]
+    ready = [tensors[i] for i in order]
+    theirs, _ = dist._compute_bucket_assignment_by_size(ready, limits, [False] * len(sizes), order)
     ours = assign_buckets([TensorSpec.of(t) for t in tensors], order, None, caps_mb=caps)
     assert sorted(map(sorted, ours)) == sorted(map(sorted, theirs))
 
