@@ -7,6 +7,7 @@ the only one to change.
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import torch
@@ -26,6 +27,10 @@ def torch_release(version: str) -> tuple[int, int]:
 
 def torch_supported(version: str = torch.__version__) -> bool:
     return torch_release(version) >= torch_release(TORCH_FLOOR)
+
+
+if not torch_supported():  # say it once, at import, rather than fail somewhere deep inside
+    warnings.warn(f"minddp needs torch >= {TORCH_FLOOR}; this is torch {torch.__version__}", stacklevel=2)
 
 
 def queue_autograd_callback(fn) -> None:
