@@ -70,14 +70,41 @@ class SyncSentinel(TorchFunctionMode):
     """Records every call from minddp code that would block the host on a CUDA tensor: reading
     a value (item, tolist, bool, float, int, numpy, cpu) or building a tensor from host data
     (torch.tensor: a pageable host-to-device copy). minddp/transfer.py is the one place allowed
-    to, with pinned memory and non_blocking copies (read there by eye)."""
+    to, with pinned memory and non_blocking copies (read there by eye). An explicit wait
+    (Event.synchronize, Stream.synchronize, torch.cuda.synchronize) from minddp code counts
+    everywhere, transfer.py included: those are not torch functions, so the sentinel counts
+    them through a monkeypatch for as long as it is on (on the CPU nothing calls them)."""
 
     READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu"}
     BUILDS = {"tensor", "as_tensor"}
+    WAITS = ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"),
+             (torch.cuda, "synchronize"))
 
     def __init__(self):
         super().__init__()
         self.calls = []
+        self._waits = pytest.MonkeyPatch()
+
+    def __enter__(self):
+        for owner, name in self.WAITS:
+            self._waits.setattr(owner, name, self._counted(getattr(owner, name), owner, name))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._waits.undo()
+        return super().__exit__(*exc)
+
+    def _counted(self, wait, owner, name):
+        label = f"{getattr(owner, '__name__', owner)}.{name}"
+
+        def counted(*args, **kwargs):
+            frame = sys._getframe(1)
+            path = frame.f_code.co_filename
+            if f"{os.sep}minddp{os.sep}" in path:
+                self.calls.append(f"{label} at {path.split('minddp' + os.sep, 1)[1]}:{frame.f_lineno}")
+            return wait(*args, **kwargs)
+
+        return counted
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
@@ -135,6 +162,22 @@ def test_no_host_sync_in_a_steady_step(kind):
     for first, steady in multiproc.run(_steps_under_sentinel, 2, kind, timeout=90):
         assert steady == [], f"{kind}: host syncs in the steady step: {steady}"
         assert any("ddp.py" in c and "tolist" in c for c in first), first  # the sentinel sees the engine
+
+
+def test_the_sentinel_counts_explicit_waits_from_minddp_code():
+    """The three waits, called from code whose file lies in minddp/ (on this CPU-only torch each
+    then fails: what matters is that the sentinel saw it first)."""
+    probe = compile(
+        "for wait in (torch.cuda.synchronize, torch.cuda.Event.synchronize, torch.cuda.Stream.synchronize):\n"
+        "    try:\n"
+        "        wait() if wait is torch.cuda.synchronize else wait(None)\n"
+        "    except (AssertionError, RuntimeError, TypeError, AttributeError):\n"
+        "        pass\n", os.path.join(os.sep, "x", "minddp", "probe.py"), "exec")
+    with SyncSentinel() as sentinel:
+        exec(probe, {"torch": torch})
+    assert [c.split(" at ")[0] for c in sentinel.calls] == [
+        "torch.cuda.synchronize", "Event.synchronize", "Stream.synchronize"], sentinel.calls
+    assert torch.cuda.synchronize.__module__ == "torch.cuda"  # and put back afterwards
 
 
 def test_bench_ranks_on_gpus_are_not_pinned_and_reports_say_how_ranks_ran(monkeypatch):
