@@ -108,8 +108,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.forward_sync_buffers, init_sync_buffers = checks.buffer_sync(
             broadcast_buffers, forward_sync_buffers, check_reduction)  # torch 2.13's rule and warnings
         self.module = module
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self.device_mesh = device_mesh  # torch DDP's attribute (None without one)
+        self.process_group, self.device_mesh = process_group, device_mesh  # torch DDP's attributes
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
         self.bucket_cap_mb_list = bucket_cap_mb_list  # torch 2.13: a cap per bucket (the last repeats)
         self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op

@@ -173,7 +173,8 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
     """torch DDP's constructor arguments: the ones that matter for a single-device module are
     honoured or checked as torch does; the features minddp lacks are refused by name.
     (`output_device`, `dim`, `check_reduction`, `gradient_as_bucket_view` and `static_graph`
-    change nothing here: gradients are always bucket views, buckets are rebuilt once.)"""
+    change nothing here: gradients are always bucket views, buckets are rebuilt once.)
+    Returns the process group to use: the mesh's, the one given, or the default group."""
     for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                         ("param_to_hook_all_reduce", param_to_hook_all_reduce),
                         ("mixed_precision", mixed_precision)):
@@ -197,7 +198,7 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
         if len(device_ids) != 1 or next(iter(devices)).index != index:
             raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
                              "exactly the one device it lives on (move it with .to(device) first)")
-    return process_group
+    return process_group if process_group is not None else dist.group.WORLD
 
 
 def check_not_wrapped(module: nn.Module, wrapper: type) -> None:
