@@ -81,14 +81,27 @@ def test_cli_answers_the_question(capsys):
     assert "0.1500 ms" in out and "19.2000 ms" in out and "bandwidth-dominated" in out
 
 
+def _interleaved_rows(sizes, rounds: int) -> list[dict]:
+    """The sweep's rows (run_op: the slowest rank's median of 3 calls), its sizes taken in turn
+    each round, so that a load that drifts during the sweep hits every size alike; per size the
+    median over the rounds (round 0 warms up)."""
+    times = {}
+    for r in range(rounds + 1):
+        for size in sizes:
+            row = run_op("all_reduce", [size], torch.float32, warmup=1, iters=3)[0]
+            if r:
+                times.setdefault(row["size"], []).append(row["time_us"])
+    return [{"op": "all_reduce", "size": k, "time_us": statistics.median(v)} for k, v in times.items()]
+
+
 def _measure(rank, world_size):
-    """Predicted / measured time of a size left out of the fit, timed in the same sweep as the
-    fit's sizes (a busy machine slows both alike), the median of 3 sweeps."""
+    """Predicted / measured time of a size left out of the fit, timed in the same sweeps as the
+    fit's sizes, the median of 3 sweeps."""
     probe = 3 * 2**21  # 6 MiB
     sizes = sorted([2**k for k in range(15, 24, 2)] + [probe])  # 32 KiB .. 8 MiB
     ratios, fits = [], []
     for _ in range(3):
-        rows = run_op("all_reduce", sizes, torch.float32, warmup=2, iters=15)
+        rows = _interleaved_rows(sizes, rounds=6)
         alpha, beta = fit_alpha_beta([r for r in rows if r["size"] != probe], world_size)
         measured = next(r["time_us"] for r in rows if r["size"] == probe) * 1e-6
         ratios.append(cm.ring_all_reduce_time(probe, world_size, alpha, beta) / measured)
@@ -98,10 +111,14 @@ def _measure(rank, world_size):
 
 @pytest.mark.serial  # 4 busy processes on 2 cores time the scheduler, not gloo
 def test_alpha_beta_fit_predicts_measured_gloo_time():
-    ratio, fits = multiproc.run(_measure, 2, timeout=120)[0]
+    ratio, fits = multiproc.run(_measure, 2, timeout=180)[0]
     assert all(alpha >= 0 and beta > 0 for alpha, beta in fits), fits
-    # a shared 2-core VM: timings wander by tens of percent, so the stated tolerance is 2x
-    assert 0.5 <= ratio <= 2, (ratio, fits)
+    # what the model achieves here: this median (interleaved sweeps) on this 2-core VM, under a
+    # load average of 7 to 11 from other sessions' tests, was 0.68 to 0.89 in six runs (0.86 to
+    # 1.09 with the same sweeps timed without run_op's per-call setup): the fit predicts the 6 MiB
+    # probe 10-30% low. The bounds leave 20% below the lowest and 25% above the highest of those
+    # loaded runs (the suite runs this test alone); the old bounds (0.5 to 2) passed a 2x miss
+    assert 0.55 <= ratio <= 1.35, (ratio, fits)
 
 
 def test_tree_against_ring_by_hand():
