@@ -322,6 +322,8 @@ def test_sigterm_checkpoints_and_exits_cleanly_then_resume_matches(tmp_path, lon
     assert stopped < 120
     ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
     assert ckpts[-1].name == f"ckpt_{stopped:08d}.pt"  # a checkpoint at the very step it stopped
+    summary = (run_dir / "summary.json").read_text()  # the steady state, written on the way out
+    assert f'"steps": {stopped},' in summary and '"tokens_per_s":' in summary, summary
     run_train(run_dir, *LONG, "train.resume=auto", nproc=2)
     assert_same_model(final_model(run_dir), final_model(ref))
     assert_same_curves(metrics(run_dir), metrics(ref), atol=1e-6)

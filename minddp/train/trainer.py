@@ -9,8 +9,8 @@ all-reduce that decides for every rank together (the global loss, a stop request
 non-finite loss or gradient): the step's one host read (logging steps add the metrics'); then
 the optimizer. `fit` decides when to evaluate, check replicas, log and checkpoint. The
 optimizer keeps minddp.optim's protocol whether it is replicated, sharded (ZeRO-1) or
-overlapped, so the loop never asks which. The global batch is fixed, so the loss curve does
-not depend on the number of processes.
+overlapped, so the loop never asks which. The global batch is fixed (strong scaling), so the
+loss curve does not depend on the number of processes; train.scaling=weak fixes each rank's.
 """
 
 from __future__ import annotations
