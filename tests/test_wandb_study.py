@@ -91,6 +91,39 @@ def test_a_resumed_run_logs_no_step_twice_and_its_wandb_history_is_the_uninterru
     assert _same(second["summary"]["tokens_per_s"], summary["tokens_per_s"])
 
 
+@pytest.mark.slow  # wandb starts its service process
+def test_where_wandb_cannot_rewind_the_resume_is_a_new_run_linked_in_its_config(tmp_path, monkeypatch):
+    import functools
+
+    import wandb
+    from omegaconf import OmegaConf
+
+    from minddp.train.tracking import Tracker, _wandb_id
+
+    real = wandb.init
+
+    @functools.wraps(real)
+    def server_without_rewind(*args, **kwargs):  # what a W&B server without rewind answers
+        if kwargs.get("resume_from"):
+            raise RuntimeError("rewinding runs is not enabled for this entity")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", server_without_rewind)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n"
+                                                    for s in range(1, 6)))  # the first part, to step 5
+    cfg = OmegaConf.create({"mode": "offline", "project": "p", "group": "g", "job_type": "train", "tags": []})
+    tracker = Tracker(tmp_path, {"seed": 1}, cfg, "run", 8, start_step=3,
+                      identity={"variant": "ddp", "scaling": "strong"})
+    for step in range(4, 9):
+        tracker.log({"step": step, "loss": 2.0})
+    tracker.close()
+    (w,) = runs_under(tmp_path)
+    assert w["config"]["resumed_from"] == {"run_id": _wandb_id(tmp_path), "step": 3}
+    assert w["id"] != _wandb_id(tmp_path) and w["group"] == "g" and w["branch"] is None
+    assert [h["_step"] for h in w["history"]] == [4, 5, 6, 7, 8]  # the new run: each step once
+    assert [r["step"] for r in metrics(tmp_path)] == list(range(1, 9))
+
+
 def _study_run(run_dir, world, cap, step_s, busy_s, scaling="strong", variant="ddp"):
     """A run as train.py leaves it: run.json (identity + config) and metrics.jsonl."""
     run_dir.mkdir(parents=True)

@@ -116,7 +116,11 @@ class Tracker:
         over every part of the run that metrics.jsonl holds."""
         self.bar.close()
         self._metrics.close()
-        numbers = self.write_summary()
+        try:
+            numbers = self.write_summary()
+        except OSError as e:  # a full disk: the run's own error (if any) must stay the one reported
+            log.warning(f"{self.summary_path} not written ({e}); `minddp report` recomputes it")
+            numbers = {}
         if self.wandb_run is not None:
             self.wandb_run.summary.update(numbers)
             self.wandb_run.finish()
