@@ -105,7 +105,7 @@ def log(folder, runs: list[dict], swept: list[str], head: list[str], rows: list[
                      dir=str(folder), tags=["report", *sorted({r["scaling"] for r in runs})],
                      config={"folder": str(folder), "runs": len(runs), "swept": swept,
                              "scaling": sorted({r["scaling"] for r in runs})},
-                     settings=wandb.Settings(quiet=True))
+                     settings=wandb.Settings(quiet=True, silent=True))  # our own line says where
     logged = {"report/table": wandb.Table(columns=head, data=[[str(c) for c in row] for row in rows])}
     for key, (xs, ys, names) in lines(runs, swept).items():
         title, ylabel = TITLES[key]
