@@ -14,14 +14,14 @@ P = 100e6  # bytes of fp32 parameters
 
 
 def test_what_each_configuration_holds():
-    total = {c: memory.modeled_bytes(c, P, 2)["total"] / P for c in bm.CONFIGS}
+    total = {c: memory.modeled_bytes(c, P, 2)["total"] / P for c in memory.CONFIGS}
     assert total["local"] == 4  # params, grads, AdamW's two states
     assert total["torch-ddp"] == 5  # + the reducer's buckets beside param.grad
     assert total["torch-ddp-view"] == total["minddp-ddp"] == total["minddp-overlap"] == 4  # grads are views
     assert total["minddp-zero1"] == 3  # states / 2
     assert total["torch-zero"] == 4  # torch DDP's 5P, states / 2
     assert memory.modeled_bytes("minddp-zero1", P, 3)["states"] == pytest.approx(2 * P / 3)
-    for c in bm.CONFIGS:  # the words in the table say what the numbers are
+    for c in memory.CONFIGS:  # the words in the table say what the numbers are
         parts = memory.modeled_bytes(c, P, 2)
         assert ("grads P" in memory.HOLDS[c][4]) == (parts["grads"] > 0), c
         assert ("states 2P/dp" in memory.HOLDS[c][4]) == (parts["states"] < 2 * P), c
@@ -34,7 +34,7 @@ def _held(rank, world_size, config):
     from minddp.tools.workload import GPT_PRESETS, build, lm_loss
 
     model, x = build(GPT_PRESETS["gpt-tiny"], torch.device("cpu"), batch=2)
-    wrapped, opt = bm.build(config, model, torch.device("cpu"))
+    wrapped, opt = memory.configuration(config, model, torch.device("cpu"))
     lm_loss(wrapped, x).backward()
     opt.step()
     seen, held = set(), {"params": 0, "grads": 0, "buckets": 0}
@@ -81,13 +81,13 @@ def _row(config, peak_mb, states_mb, dp=2, model="gpt-10.8M"):
 
 def test_zero1_criterion_is_80_percent_of_the_states_saved():
     # saved 43 MB: lowering the peak by 35 MB passes (>= 34.4), by 30 MB fails
-    ok = bm.zero_criterion([_row("minddp-ddp", 300, 86), _row("minddp-zero1", 265, 43)],
+    ok = memory.zero_criterion([_row("minddp-ddp", 300, 86), _row("minddp-zero1", 265, 43)],
                            "minddp-ddp", "minddp-zero1")
     assert ok["saved"] == pytest.approx(43e6) and ok["lowered"] == pytest.approx(35e6) and ok["pass"]
-    bad = bm.zero_criterion([_row("minddp-ddp", 300, 86), _row("minddp-zero1", 270, 43)],
+    bad = memory.zero_criterion([_row("minddp-ddp", 300, 86), _row("minddp-zero1", 270, 43)],
                             "minddp-ddp", "minddp-zero1")
     assert not bad["pass"] and bad["fraction"] == pytest.approx(30 / 43)
-    assert bm.zero_criterion([_row("minddp-ddp", 300, 86)], "minddp-ddp", "minddp-zero1") is None
+    assert memory.zero_criterion([_row("minddp-ddp", 300, 86)], "minddp-ddp", "minddp-zero1") is None
 
 
 def test_report_shows_the_largest_rank_and_both_verdicts():
@@ -126,7 +126,7 @@ def test_separate_jobs_report_every_configuration(tmp_path):
     for r in rows.values():
         assert [x["rank"] for x in r["ranks"]] == [0, 1] and all(x["peak"] > 0 for x in r["ranks"])
         assert list(r["ranks"][0]["marks"]) == ["init", "model", "wrap", "step1", "step2"]
-    states = {c: bm.largest(r, "states") for c, r in rows.items()}
+    states = {c: memory.largest(r, "states") for c, r in rows.items()}
     assert states["minddp-ddp"] == states["torch-ddp"]
     assert states["minddp-zero1"] < 0.6 * states["minddp-ddp"]  # 1/2, plus the per-tensor step counters
     text = (tmp_path / "mem.md").read_text()

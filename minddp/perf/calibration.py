@@ -1,8 +1,12 @@
-"""The fits `minddp calibrate` makes from its measurements (the measurements themselves run the
-engine on make scaling's GPT: minddp/tools/calibrate.py):
+"""What `minddp calibrate` measures beyond alpha and beta, and the fits it makes.
+
+The workload is given as `make()`: a fresh (model, token batch), seeded alike on every rank
+(the tools pass make scaling's GPT: what backward runs beside the communication decides it).
 
 - alpha and beta per collective from the sweep's rows (sweep.fit_alpha_beta); the engine's own
   ZeRO-1 collectives (zero1_*) stand for reduce-scatter and all-gather;
+- contention: a bucket-sized all-reduce alone and launched under backward, less the floor;
+- the completion floor: the engine at world 1, busy time per bucket launched under backward;
 - the under-backward slowdown and delay: a grid search for the pair with which
   `costmodel.simulate_buckets` gives the busy times the engine showed at several caps;
 - repeats combined: the median of each figure, or the middle one of a measurement whose parts
@@ -13,9 +17,17 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
+import torch
+import torch.distributed as dist
+
+from ..ddp import DistributedDataParallel
+from .clock import PhaseClock, after_warmup, timed
 from .costmodel import BUCKET_OPS, simulate_buckets
+from .engine_cost import per_bucket_cost
 from .sweep import fit_alpha_beta
+from .workload import lm_loss
 
 
 def fit_ops(rows: list[dict], n: int) -> tuple[float, float, dict]:
@@ -50,6 +62,118 @@ def fit_under_backward(points: list[dict], alone: tuple[float, float], op: str,
         return total
 
     return min(GRID, key=error)
+
+
+def contention_factor(device, make, floor_s: float = 0.0, nbytes: int = 4 * 2**20, reps: int = 6) -> dict:
+    """A bucket-sized all-reduce timed alone, and launched under the workload's backward (what
+    the engine's buckets share the cores with: every rank computing at once, memory traffic
+    included), to its completion callback as the engine notices it. Less the completion floor
+    (`floor_s`, counted apart), the ratio says how much backward slows communication here."""
+    model, x = make()
+    buf = torch.ones(nbytes // 4, device=device)
+    alone, busy = [], []
+    for _ in range(reps):
+        alone.append(timed(lambda: dist.all_reduce(buf), device))
+        loss = lm_loss(model, x)
+        dist.barrier()
+        done = []  # the host clock on purpose: when the host learns of completion is what this measures
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        work.get_future().then(lambda f, done=done: done.append(time.perf_counter()))
+        loss.backward()  # far longer than the all-reduce: it runs entirely under backward
+        work.wait()
+        model.zero_grad(set_to_none=True)
+        busy.append((done[0] if done else time.perf_counter()) - t0)
+    t = torch.tensor([statistics.median(alone), statistics.median(busy)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"bytes": nbytes, "alone_s": t[0].item(), "under_backward_s": t[1].item(),
+            "floor_s": floor_s, "factor": max(1.0, (t[1].item() - floor_s) / t[0].item())}
+
+
+def completion_floor(device, make, cap_mb: float = 1.0, reps: int = 4) -> dict:
+    """The per-bucket completion floor at world 1: each rank runs the engine alone in a group of
+    one (all ranks at once, as they share the cores at world 2), so nothing crosses a wire, and
+    the busy time per bucket launched under backward is what noticing completions costs (a
+    callback that needs the GIL backward holds). The last bucket is launched when backward
+    ends and is noticed at once: it is not counted."""
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes each
+    model, x = make()
+    ddp = DistributedDataParallel(model, process_group=groups[dist.get_rank()], bucket_cap_mb=cap_mb)
+
+    def step():
+        lm_loss(ddp, x).backward()
+        s = ddp.comm_stats
+        ddp.zero_grad(set_to_none=True)
+        return s.num_collectives, s.busy_s / max(1, s.num_collectives - 1)
+
+    per = after_warmup(step, reps)  # (buckets, busy per bucket launched under backward)
+    t = torch.tensor([statistics.median([p for n, p in per if n > 1] or [0.0])], dtype=torch.float64,
+                     device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    return {"per_bucket_s": t.item(), "buckets": per[-1][0], "cap_mb": cap_mb}
+
+
+def engine_points(device, make, op: str, caps, reps: int) -> list[dict]:
+    """The engine at each cap (ZeRO-1's reduce-scatters for op="reduce_scatter"): its buckets and
+    the medians of busy time, backward (less the exposed wait) and forward, averaged over ranks."""
+    points = []
+    for cap in caps:
+        model, x = make()
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap, shard_optimizer=op == "reduce_scatter")
+
+        def step(ddp=ddp, x=x):
+            clock = PhaseClock(device)
+            loss = lm_loss(ddp, x)
+            clock.mark("forward")
+            loss.backward()
+            clock.mark("backward")
+            (_, f0, f1), (_, _, b1) = clock.spans()
+            s = ddp.comm_stats
+            # zeroed in place: backward accumulates into the bucket views, as the synchronised
+            # micro-step does in training (set to None, each gradient would be copied in)
+            ddp.zero_grad(set_to_none=False)
+            return s.busy_s, b1 - f1 - s.exposed_wait_s, f1 - f0
+
+        runs = after_warmup(step, reps)  # (busy, backward, forward) per step
+        t = torch.tensor([statistics.median(v) for v in zip(*runs)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        points.append({"cap_mb": cap, "bucket_bytes": [b.grad_nbytes for b in ddp.layout.buckets],
+                       "busy_s": t[0].item(), "backward_s": t[1].item(), "forward_s": t[2].item()})
+    return points
+
+
+def under_backward_fit(device, make, alone: tuple[float, float], op: str, caps, reps: int = 10) -> dict:
+    """How much slower a bucket's collective progresses while backward runs beside it, fitted
+    from the engine itself at this world size: the slowdown for which `simulate_buckets` (the
+    alone (alpha, beta) fit, buckets in order, slowed until backward ends) gives the busy times
+    measured at `caps`. It takes in all that makes a bucket wait under backward here: cores
+    shared with compute, the completion callback, the ranks' skew. Also measured: backward's
+    share of forward + backward."""
+    points = engine_points(device, make, op, caps, reps)
+    slowdown, delay = fit_under_backward(points, alone, op, dist.get_world_size())
+    share = statistics.median(p["backward_s"] / (p["backward_s"] + p["forward_s"]) for p in points)
+    return {"slowdown": slowdown, "delay_s": delay, "backward_share": share, "points": points}
+
+
+def measure(rows, device, make, make_small, caps, floor: dict | None = None, under: dict | None = None,
+            about: dict | None = None) -> dict:
+    """One calibration: the fits of the sweep's `rows`, the engine's cost per bucket (on
+    `make_small`'s model), the completion floor, contention and the under-backward fits (on
+    `make`'s). `floor`, `under`: completion_floor's and under_backward_fit's keywords; `about`
+    (the workload's description) goes into each measurement's record."""
+    n, about = dist.get_world_size(), about or {}
+    alpha, beta, ops = fit_ops(rows, n)
+    cal = {"world_size": n, "backend": dist.get_backend(), "alpha": alpha, "beta": beta, "ops": ops,
+           "overhead_per_bucket_s": max(0.0, per_bucket_cost(*make_small(), lm_loss, reps=10)["minddp"][0]),
+           "floor": {**completion_floor(device, make, **(floor or {})), **about}}
+    cal["contention"] = {**contention_factor(device, make, cal["floor"]["per_bucket_s"]), **about}
+    if n > 1:  # the engine's own collectives under backward (ZeRO-1's where its fit was measured)
+        fits = {"all_reduce": (alpha, beta), **{op: (ops[op]["alpha"], ops[op]["beta"])
+                                                for op in ("reduce_scatter",) if op in ops}}
+        kw = {"caps": caps, **(under or {})}
+        cal["under_backward"] = {op: {**under_backward_fit(device, make, ab, op, **kw), **about}
+                                 for op, ab in fits.items()}
+    return cal
 
 
 def combine(runs: list[dict]) -> dict:

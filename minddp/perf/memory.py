@@ -1,5 +1,6 @@
 """Memory per rank: what a data-parallel setup holds by construction (one model, read by
-`minddp costmodel zero` and `minddp bench-memory`), and what a run measured (`PeakMeter`).
+`minddp costmodel zero` and `minddp bench-memory`), the configurations bench-memory builds, and
+what a run measured (`PeakMeter`, `peak_run`).
 
 The model, per rank, for n parameters: weights + separate gradients + bucket buffers (the
 gradients themselves where they are bucket views) + optimizer states, the states divided by
@@ -12,7 +13,18 @@ import resource
 
 import torch
 
-# what each bench-memory configuration holds per rank, in units of P (the fp32 parameter
+from .workload import lm_loss
+
+CONFIGS = {  # name -> what it is
+    "local": "no wrapper, each rank trains alone (reference)",
+    "torch-ddp": "torch DDP, default arguments",
+    "torch-ddp-view": "torch DDP, gradient_as_bucket_view=True",
+    "minddp-ddp": "minddp DDP, default arguments",
+    "minddp-zero1": "minddp DDP(shard_optimizer=True) + minddp.ShardedOptimizer",
+    "torch-zero": "torch DDP + ZeroRedundancyOptimizer",
+    "minddp-overlap": "minddp DDP(optimizer_overlap=True) + minddp.OverlappedOptimizer",
+}
+# what each configuration holds per rank, in units of P (the fp32 parameter
 # bytes): (weights, separate gradients, bucket buffers, states sharded, the table's words)
 HOLDS = {
     "local": (1, 1, 0, False, "params P, grads P, states 2P"),
@@ -51,6 +63,80 @@ def state_bytes(opt) -> int:
     inner = getattr(opt, "optim", opt)
     return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
                if isinstance(v, torch.Tensor))
+
+
+def configuration(config: str, model, device):
+    """(module to call, optimizer) for one configuration; the same AdamW everywhere."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    from ..ddp import DistributedDataParallel as DDP
+    from ..overlap import OverlappedOptimizer
+    from ..zero import ShardedOptimizer
+
+    kw = {"lr": 1e-4, "weight_decay": 0.1, "fused": device.type in ("cpu", "cuda")}
+    ids = [device.index] if device.type == "cuda" else None
+    if config == "local":
+        return model, torch.optim.AdamW(model.parameters(), **kw)
+    if config in ("torch-ddp", "torch-ddp-view", "torch-zero"):
+        wrapped = TorchDDP(model, device_ids=ids, gradient_as_bucket_view=config == "torch-ddp-view")
+        if config == "torch-zero":
+            return wrapped, ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, **kw)
+        return wrapped, torch.optim.AdamW(model.parameters(), **kw)
+    if config == "minddp-zero1":
+        wrapped = DDP(model, device_ids=ids, shard_optimizer=True)
+        return wrapped, ShardedOptimizer(wrapped, torch.optim.AdamW, **kw)
+    if config == "minddp-overlap":
+        wrapped = DDP(model, device_ids=ids, optimizer_overlap=True)
+        return wrapped, OverlappedOptimizer(wrapped, torch.optim.AdamW, **kw)
+    return DDP(model, device_ids=ids), torch.optim.AdamW(model.parameters(), **kw)
+
+
+def warm_up_optimizer() -> None:
+    """The first AdamW built and stepped imports its machinery (about 70 MB of code here):
+    common to every configuration, so done before the baseline."""
+    p = torch.nn.Parameter(torch.ones(8))
+    p.grad = torch.ones(8)
+    torch.optim.AdamW([p], fused=True).step()
+
+
+def peak_run(config: str, make, meter: PeakMeter, device, steps: int, batch: int, block: int,
+             seed: int = 0) -> dict:
+    """One rank's peaks under `config`: the high-water mark after init, the model (`make()`),
+    wrap + optimizer, and every step of random tokens; the states held, the parameter bytes."""
+    meter.on(device)
+    marks = {"init": meter.peak()}
+    model = make()
+    marks["model"] = meter.peak()
+    wrapped, opt = configuration(config, model, device)
+    marks["wrap"] = meter.peak()
+    g = torch.Generator().manual_seed(seed)
+    for s in range(steps):
+        x = torch.randint(0, 256, (batch, block + 1), generator=g).to(device)
+        lm_loss(wrapped, x).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        marks[f"step{s + 1}"] = meter.peak()
+    return {"marks": marks, "peak": meter.peak(), "absolute": meter.absolute(), "baseline": meter.baseline,
+            "states": state_bytes(opt), "method": meter.method, "device": str(device),
+            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def largest(row: dict, key: str) -> float:
+    """A measured configuration's figure on its largest rank."""
+    return max(r[key] for r in row["ranks"])
+
+
+def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
+    """ZeRO-1's peak below DDP's by >= 80% of the optimizer state it saves (the target)."""
+    by = {r["config"]: r for r in rows if "ranks" in r}
+    if plain not in by or sharded not in by:
+        return None
+    saved = largest(by[plain], "states") - largest(by[sharded], "states")
+    lowered = largest(by[plain], "peak") - largest(by[sharded], "peak")
+    return {"saved": saved, "lowered": lowered, "peak_plain": largest(by[plain], "peak"),
+            "peak_sharded": largest(by[sharded], "peak"),
+            "fraction": lowered / saved if saved else float("nan"), "pass": lowered >= 0.8 * saved > 0}
 
 
 class PeakMeter:

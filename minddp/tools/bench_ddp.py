@@ -16,112 +16,23 @@
 3. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
    that returns a finished future) at a cap of one parameter per bucket, backward time
    minus the same model's backward without any wrapper, divided by the number of buckets.
+The measurements are minddp/perf/engine_bench.py and engine_cost.py; this is their report.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ..ddp import DistributedDataParallel
-from ..overlap import OverlappedOptimizer
-from ..perf.clock import PhaseClock, interleaved, sync, timed
-from ..perf.engine_cost import per_bucket_cost, torch_buckets
-from ..perf.memory import state_bytes
+from ..perf.engine_bench import cap_sweep, optimizer_section
+from ..perf.engine_cost import per_bucket_cost
 from ..train.model import GPT, num_params
-from ..zero import ShardedOptimizer
 from . import render
 from .cli import ranks_phrase, start
 from .workload import bench_gpt, lm_loss
-
-
-def step(model, opt, x) -> float:
-    def work():
-        opt.zero_grad()
-        lm_loss(model, x).backward()
-        opt.step()
-
-    return timed(work, x.device)
-
-
-def interleaved_steps(configs, x, rounds: int, per_round: int) -> list[float]:
-    """Median step time (SGD) of each (label, cap, model), in rotated rounds (cli.interleaved)."""
-    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
-    steps = [lambda m=m, o=o: step(m, o, x) for (_, _, m), o in zip(configs, opts)]
-    return [m[0] for m in interleaved(steps, rounds, per_round, x.device)]
-
-
-def optimizer_configs(base, cap):
-    """(label, model, optimizer) for the ways to run AdamW data-parallel, minddp DDP first."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    adamw = {"lr": 1e-4, "fused": True}
-    plain = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    sharded = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, shard_optimizer=True)
-    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    theirs_zero = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    AdamW = torch.optim.AdamW
-    configs = [("minddp DDP + AdamW", plain, AdamW(plain.parameters(), **adamw)),
-               ("torch DDP + AdamW", theirs, AdamW(theirs.parameters(), **adamw)),
-               ("minddp shard_optimizer (ZeRO-1)", sharded, ShardedOptimizer(sharded, AdamW, **adamw)),
-               ("torch DDP + ZeroRedundancyOptimizer", theirs_zero,
-                ZeroRedundancyOptimizer(theirs_zero.parameters(), optimizer_class=AdamW, **adamw))]
-    overlap = overlap_config(base, cap, adamw)
-    return configs + [overlap]
-
-
-def overlap_config(base, cap, adamw):
-    """minddp with the optimizer stepped per bucket as its reduction completes (`optimizer_overlap`)."""
-    model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, optimizer_overlap=True)
-    return ("minddp optimizer_overlap", model, OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
-
-
-def phased_step(model, opt, x) -> tuple[float, float, float]:
-    """Seconds of forward, backward and optimizer step, on the device's clock (CUDA events: a
-    sync after the step would move ZeRO-1's all-gathers, which the forward waits for, into it)."""
-    opt.zero_grad()
-    sync(x.device)
-    clock = PhaseClock(x.device)
-    loss = lm_loss(model, x)
-    clock.mark("forward")
-    loss.backward()
-    clock.mark("backward")
-    opt.step()
-    clock.mark("step")
-    forward, backward, step = (z - a for _, a, z in clock.spans())
-    return forward, backward, step
-
-
-def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[float]]:
-    """Per (label, model, optimizer), the medians of [step, forward, backward, optimizer step]."""
-    def phases(model, opt):
-        p = phased_step(model, opt, x)
-        return [sum(p), *p]
-
-    steps = [lambda m=m, o=o: phases(m, o) for _, m, o in configs]
-    return interleaved(steps, rounds, per_round, x.device)
-
-
-def optimizer_section(base, x, args) -> list[dict]:
-    """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
-    repeat), forward / backward / optimizer-step medians, optimizer-state bytes on this rank."""
-    configs = optimizer_configs(base, 25.0)
-    rows = [{"label": label, "vs_minddp": [], "vs_torch": [], "phases": [], "state": state_bytes(opt)}
-            for label, _, opt in configs]
-    for _ in range(args.repeats):
-        med = interleaved_phases(configs, x, args.rounds, args.steps_per_round)
-        for row, m in zip(rows, med):
-            row["vs_minddp"].append(m[0] / med[0][0])
-            row["vs_torch"].append(m[0] / med[1][0])
-            row["phases"].append(m)
-    for row, (_, _, opt) in zip(rows, configs):
-        row["state"] = state_bytes(opt)  # after the steps: AdamW's states exist from the first
-    return rows
 
 
 def main() -> None:
@@ -143,24 +54,10 @@ def main() -> None:
     cfg = bench_gpt(args.n_layer, args.n_embd)
     base = GPT(cfg).to(device)
     caps = [float(c) for c in args.caps.split(",")]
-    configs = []  # (label, cap, model)
-    for cap in caps:
-        theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-        configs.append(("torch DDP", cap, theirs))
-        configs.append(("minddp", cap, DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)))
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
-
-    ratios, ours_ms = {cap: [] for cap in caps}, {cap: [] for cap in caps}
-    for _ in range(args.repeats):
-        med = interleaved_steps(configs, x, args.rounds, args.steps_per_round)
-        by = {(label, cap): m for (label, cap, _), m in zip(configs, med)}
-        for cap in caps:
-            ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
-            ours_ms[cap].append(by[("minddp", cap)] * 1e3)
-    buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
-               for label, cap, m in configs}
-    optim = optimizer_section(base, x, args)
+    ratios, ours_ms, buckets = cap_sweep(base, x, caps, args.repeats, args.rounds, args.steps_per_round)
+    optim = optimizer_section(base, x, args.repeats, args.rounds, args.steps_per_round)
     everyone = [None] * world
     dist.all_gather_object(everyone, [r["state"] for r in optim])  # optimizer-state bytes, per rank
     cost = per_bucket_cost(base, x, lm_loss)

@@ -31,60 +31,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..perf.memory import HOLDS, PeakMeter, modeled_bytes, state_bytes
+from ..perf.memory import (
+    CONFIGS,
+    HOLDS,
+    PeakMeter,
+    largest,
+    modeled_bytes,
+    peak_run,
+    warm_up_optimizer,
+    zero_criterion,
+)
 from . import render
 from .workload import GPT_PRESETS
 
 MODELS = {name: GPT_PRESETS[name] for name in ("gpt-10.8M", "gpt-50M", "gpt-tiny")}
-CONFIGS = {  # name -> what it is
-    "local": "no wrapper, each rank trains alone (reference)",
-    "torch-ddp": "torch DDP, default arguments",
-    "torch-ddp-view": "torch DDP, gradient_as_bucket_view=True",
-    "minddp-ddp": "minddp DDP, default arguments",
-    "minddp-zero1": "minddp DDP(shard_optimizer=True) + minddp.ShardedOptimizer",
-    "torch-zero": "torch DDP + ZeroRedundancyOptimizer",
-    "minddp-overlap": "minddp DDP(optimizer_overlap=True) + minddp.OverlappedOptimizer",
-}
-BATCH, STEPS, LR = 2, 3, 1e-4
-
-
-def build(config: str, model, device):
-    """(module to call, optimizer) for one configuration; the same AdamW everywhere."""
-    import torch
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel as TorchDDP
-
-    from ..ddp import DistributedDataParallel as DDP
-    from ..zero import ShardedOptimizer
-
-    kw = {"lr": LR, "weight_decay": 0.1, "fused": device.type in ("cpu", "cuda")}
-    ids = [device.index] if device.type == "cuda" else None
-    if config == "local":
-        return model, torch.optim.AdamW(model.parameters(), **kw)
-    if config in ("torch-ddp", "torch-ddp-view", "torch-zero"):
-        wrapped = TorchDDP(model, device_ids=ids, gradient_as_bucket_view=config == "torch-ddp-view")
-        if config == "torch-zero":
-            return wrapped, ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, **kw)
-        return wrapped, torch.optim.AdamW(model.parameters(), **kw)
-    if config == "minddp-zero1":
-        wrapped = DDP(model, device_ids=ids, shard_optimizer=True)
-        return wrapped, ShardedOptimizer(wrapped, torch.optim.AdamW, **kw)
-    if config == "minddp-overlap":
-        from ..zero import OverlappedOptimizer
-
-        wrapped = DDP(model, device_ids=ids, optimizer_overlap=True)
-        return wrapped, OverlappedOptimizer(wrapped, torch.optim.AdamW, **kw)
-    return DDP(model, device_ids=ids), torch.optim.AdamW(model.parameters(), **kw)
-
-
-def _warm_up_optimizer() -> None:
-    """The first AdamW built and stepped imports its machinery (about 70 MB of code here):
-    common to every configuration, so done before the baseline."""
-    import torch
-
-    p = torch.nn.Parameter(torch.ones(8))
-    p.grad = torch.ones(8)
-    torch.optim.AdamW([p], fused=True).step()
+BATCH, STEPS = 2, 3
+MB = 1e6
 
 
 def worker(config: str, model_name: str, steps: int, out: str) -> None:
@@ -95,31 +57,15 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     from ..dist import exit_worker
     from ..train.model import GPT, GPTConfig
     from ..zero import ShardedOptimizer  # noqa: F401
-    from .cli import start
-    from .workload import lm_loss  # the baseline (imports are code, not the configuration's)
+    from .cli import start  # all imported before the baseline: code, not the configuration's
 
-    _warm_up_optimizer()
+    warm_up_optimizer()
     meter = PeakMeter()  # the baseline: the resident set right after the imports
     info = start("auto")
-    meter.on(info.device)
-    marks = {"init": meter.peak()}
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**MODELS[model_name])).to(info.device)
-    marks["model"] = meter.peak()
-    wrapped, opt = build(config, model, info.device)
-    marks["wrap"] = meter.peak()
-    block = MODELS[model_name]["block_size"]
-    g = torch.Generator().manual_seed(info.rank)
-    for s in range(steps):
-        x = torch.randint(0, 256, (BATCH, block + 1), generator=g).to(info.device)
-        lm_loss(wrapped, x).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        marks[f"step{s + 1}"] = meter.peak()
-    mine = {"rank": info.rank, "marks": marks, "peak": meter.peak(), "absolute": meter.absolute(),
-            "baseline": meter.baseline, "states": state_bytes(opt), "method": meter.method,
-            "device": str(info.device),
-            "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    cfg = GPTConfig(**MODELS[model_name])
+    mine = {"rank": info.rank, **peak_run(config, lambda: GPT(cfg).to(info.device), meter, info.device,
+                                          steps, BATCH, cfg.block_size, seed=info.rank)}
     ranks = [None] * info.world_size
     dist.all_gather_object(ranks, mine)
     if info.rank == 0:
@@ -151,13 +97,6 @@ def first_error(stderr: str) -> str:
     return (hits or lines[-1:] or ["no output"])[0][:200]
 
 
-def largest(row: dict, key: str) -> float:
-    return max(r[key] for r in row["ranks"])
-
-
-MB = 1e6
-
-
 def phases(row: dict) -> str:
     """The largest rank's high-water mark after each phase, e.g. '18 / 61 / 61 / 290 / 338'."""
     top = max(row["ranks"], key=lambda x: x["peak"])
@@ -181,18 +120,6 @@ def config_row(r: dict) -> list:
     return [r["dp"], r["config"], what, f"{model / MB:.0f}", f"{largest(r, 'states') / MB:.0f}",
             f"{wrap / MB:.0f}", f"{peak / MB:.0f}", f"{(peak - model) / MB:+.0f}",
             f"{largest(r, 'absolute') / MB:.0f}", phases(r)]
-
-
-def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
-    """ZeRO-1's peak below DDP's by >= 80% of the optimizer state it saves (the target)."""
-    by = {r["config"]: r for r in rows if "ranks" in r}
-    if plain not in by or sharded not in by:
-        return None
-    saved = largest(by[plain], "states") - largest(by[sharded], "states")
-    lowered = largest(by[plain], "peak") - largest(by[sharded], "peak")
-    return {"saved": saved, "lowered": lowered, "peak_plain": largest(by[plain], "peak"),
-            "peak_sharded": largest(by[sharded], "peak"),
-            "fraction": lowered / saved if saved else float("nan"), "pass": lowered >= 0.8 * saved > 0}
 
 
 def criteria_tables(results: list[dict]) -> list:

@@ -4,8 +4,8 @@ language-model loss, and the trainer overrides that give the same model."""
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
+from ..perf.workload import lm_loss  # noqa: F401  (the tools' loss is the measurements')
 from ..train.model import GPT, GPTConfig
 
 GPT_PRESETS = {  # GPTConfig fields; vocabulary 256 (bytes)
@@ -37,8 +37,3 @@ def build(fields: dict, device, batch: int, seed: int = 0) -> tuple[GPT, torch.T
 def overrides(cfg: dict) -> list[str]:
     """train.py's model overrides for the same GPT."""
     return [f"model.{k}={v}" for k, v in cfg.items()]
-
-
-def lm_loss(model, x):
-    """Next-token cross-entropy of a (batch, block + 1) token tensor."""
-    return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())

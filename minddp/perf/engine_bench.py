@@ -1,0 +1,130 @@
+"""minddp against torch DDP on one model, in the same processes (`make bench`'s measurements):
+
+1. step time per bucket cap: every configuration wraps its own copy of the model; rounds of
+   steps of every configuration in an order rotated every round (clock.interleaved), so the
+   machine's drift hits all alike; per repeat the ratio of medians minddp / torch DDP;
+2. optimizer setups (fused AdamW): minddp DDP, torch DDP, minddp ZeRO-1 (`ShardedOptimizer`),
+   torch DDP + `ZeroRedundancyOptimizer`, minddp `optimizer_overlap`: step time against the
+   first two, forward / backward / optimizer-step times on the device's clock, state bytes.
+The per-bucket CPU cost is engine_cost.per_bucket_cost.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..ddp import DistributedDataParallel
+from ..overlap import OverlappedOptimizer
+from ..zero import ShardedOptimizer
+from .clock import PhaseClock, interleaved, sync, timed
+from .engine_cost import torch_buckets
+from .memory import state_bytes
+from .workload import lm_loss
+
+
+def step(model, opt, x) -> float:
+    def work():
+        opt.zero_grad()
+        lm_loss(model, x).backward()
+        opt.step()
+
+    return timed(work, x.device)
+
+
+def interleaved_steps(configs, x, rounds: int, per_round: int) -> list[float]:
+    """Median step time (SGD) of each (label, cap, model), in rotated rounds (clock.interleaved)."""
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-4) for _, _, m in configs]
+    steps = [lambda m=m, o=o: step(m, o, x) for (_, _, m), o in zip(configs, opts)]
+    return [m[0] for m in interleaved(steps, rounds, per_round, x.device)]
+
+
+def optimizer_configs(base, cap):
+    """(label, model, optimizer) for the ways to run AdamW data-parallel, minddp DDP first."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    adamw = {"lr": 1e-4, "fused": True}
+    plain = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    sharded = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, shard_optimizer=True)
+    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    theirs_zero = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    AdamW = torch.optim.AdamW
+    configs = [("minddp DDP + AdamW", plain, AdamW(plain.parameters(), **adamw)),
+               ("torch DDP + AdamW", theirs, AdamW(theirs.parameters(), **adamw)),
+               ("minddp shard_optimizer (ZeRO-1)", sharded, ShardedOptimizer(sharded, AdamW, **adamw)),
+               ("torch DDP + ZeroRedundancyOptimizer", theirs_zero,
+                ZeroRedundancyOptimizer(theirs_zero.parameters(), optimizer_class=AdamW, **adamw))]
+    overlap = overlap_config(base, cap, adamw)
+    return configs + [overlap]
+
+
+def overlap_config(base, cap, adamw):
+    """minddp with the optimizer stepped per bucket as its reduction completes (`optimizer_overlap`)."""
+    model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, optimizer_overlap=True)
+    return ("minddp optimizer_overlap", model, OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
+
+
+def phased_step(model, opt, x) -> tuple[float, float, float]:
+    """Seconds of forward, backward and optimizer step, on the device's clock (CUDA events: a
+    sync after the step would move ZeRO-1's all-gathers, which the forward waits for, into it)."""
+    opt.zero_grad()
+    sync(x.device)
+    clock = PhaseClock(x.device)
+    loss = lm_loss(model, x)
+    clock.mark("forward")
+    loss.backward()
+    clock.mark("backward")
+    opt.step()
+    clock.mark("step")
+    forward, backward, step = (z - a for _, a, z in clock.spans())
+    return forward, backward, step
+
+
+def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[float]]:
+    """Per (label, model, optimizer), the medians of [step, forward, backward, optimizer step]."""
+    def phases(model, opt):
+        p = phased_step(model, opt, x)
+        return [sum(p), *p]
+
+    steps = [lambda m=m, o=o: phases(m, o) for _, m, o in configs]
+    return interleaved(steps, rounds, per_round, x.device)
+
+
+def optimizer_section(base, x, repeats: int, rounds: int, per_round: int) -> list[dict]:
+    """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
+    repeat), forward / backward / optimizer-step medians, optimizer-state bytes on this rank."""
+    configs = optimizer_configs(base, 25.0)
+    rows = [{"label": label, "vs_minddp": [], "vs_torch": [], "phases": [], "state": state_bytes(opt)}
+            for label, _, opt in configs]
+    for _ in range(repeats):
+        med = interleaved_phases(configs, x, rounds, per_round)
+        for row, m in zip(rows, med):
+            row["vs_minddp"].append(m[0] / med[0][0])
+            row["vs_torch"].append(m[0] / med[1][0])
+            row["phases"].append(m)
+    for row, (_, _, opt) in zip(rows, configs):
+        row["state"] = state_bytes(opt)  # after the steps: AdamW's states exist from the first
+    return rows
+
+
+def cap_sweep(base, x, caps, repeats: int, rounds: int, per_round: int) -> tuple[dict, dict, dict]:
+    """minddp against torch DDP at each cap, every configuration its own copy of `base`: per cap
+    the ratio of median step times minddp / torch DDP and minddp's median step (ms), one per
+    repeat; and each engine's bucket count {(label, cap): n} after its rebuild."""
+    configs = []  # (label, cap, model)
+    for cap in caps:
+        theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+        configs.append(("torch DDP", cap, theirs))
+        configs.append(("minddp", cap, DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)))
+    ratios, ours_ms = {cap: [] for cap in caps}, {cap: [] for cap in caps}
+    for _ in range(repeats):
+        med = interleaved_steps(configs, x, rounds, per_round)
+        by = {(label, cap): m for (label, cap, _), m in zip(configs, med)}
+        for cap in caps:
+            ratios[cap].append(by[("minddp", cap)] / by[("torch DDP", cap)])
+            ours_ms[cap].append(by[("minddp", cap)] * 1e3)
+    buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
+               for label, cap, m in configs}
+    return ratios, ours_ms, buckets
