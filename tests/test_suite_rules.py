@@ -91,6 +91,32 @@ def test_the_tools_are_smaller_than_the_engine_and_the_optimizers():
     assert tools < engine + optim, f"tools {tools} lines, engine {engine} + optimizers {optim}"
 
 
+def _imported(path) -> set[str]:
+    """Absolute names of the minddp modules `path` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(x for x in (base, node.module) if x)
+            names |= {module} | {f"{module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if n.startswith("minddp")}
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "perf").glob("*.py")), ids=lambda p: p.name)
+def test_perf_never_imports_the_trainer_or_the_tools(path):
+    """Dependencies one way: perf reads the engine and the optimizers; the tools read perf."""
+    bad = sorted(n for n in _imported(path) if n.startswith(("minddp.train", "minddp.tools")))
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_import_check_resolves_relative_imports():
+    assert "minddp.tools.cli" in _imported(PKG / "tools" / "bench.py")
+    assert "minddp.perf.sweep" in _imported(PKG / "tools" / "bench.py")
+
+
 def test_no_tracker_words_in_what_a_user_sees():
     import re
 
