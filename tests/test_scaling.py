@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from minddp import costmodel as cm
+from minddp.perf import costmodel as cm
 from minddp.tools import scaling
 
 

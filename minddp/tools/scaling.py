@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..costmodel import PRESETS, Calibration, best_bucket_mb, predict_ddp_comm
+from ..perf.costmodel import PRESETS, Calibration, best_bucket_mb, predict_ddp_comm
 from ..train.model import GPT, GPTConfig
 from . import render
 from .calibrate import UNDER_CAPS

@@ -6,7 +6,7 @@ the world size, one line per value of the other swept keys (bucket cap, variant,
 `report/tokens_per_s` (with the ideal: the smallest world's throughput x n / n0),
 `report/efficiency`, `report/comm` (busy and exposed fractions of the step),
 `report/predicted_busy` (measured busy time beside the calibrated cost model's,
-minddp.costmodel.predict_ddp_comm) and `report/rank_spread` (the ranks' min / median / max
+minddp.perf.costmodel.predict_ddp_comm) and `report/rank_spread` (the ranks' min / median / max
 step time); and the report's PNG as `report/figure` (a wandb.Image). Online with an API key,
 offline otherwise (wandb.mode auto: minddp.train.tracking.resolve_wandb_mode); the offline run
 lands in DIR/wandb/, and one command uploads the whole folder (`upload_command`).
@@ -41,7 +41,7 @@ def series(runs: list[dict], swept: list[str]) -> dict[str, list[dict]]:
 
 def predicted_busy(r: dict, cal) -> float | None:
     """The cost model's busy time for this run's buckets (equal shares of its measured bytes)."""
-    from ..costmodel import predict_ddp_comm
+    from ..perf.costmodel import predict_ddp_comm
 
     if r["step_s"] is None:
         return None
@@ -54,7 +54,7 @@ def predicted_busy(r: dict, cal) -> float | None:
 
 
 def calibration():
-    from ..costmodel import PRESETS, Calibration
+    from ..perf.costmodel import PRESETS, Calibration
 
     path = ROOT / "docs" / "calibration.json"
     return Calibration.load(path) if path.exists() else Calibration(PRESETS["this-machine-gloo"])
