@@ -62,3 +62,27 @@ def test_zero1_rows_are_predicted_as_reduce_scatters(tmp_path, monkeypatch, draw
     alone = 4 * (cm.ring_all_reduce_time(10e6, 2, 400e-6, 1e9) + 1e-4)
     assert float(rows["ddp"][12]) == pytest.approx(alone / 0.06, abs=0.01)
     assert ring > alone * 1.2 and rs > alone / 2  # what backward's company costs
+
+
+def test_weak_mode_runs_with_train_scaling_weak_a_repeat_each_and_reads_t1_over_tn(tmp_path, monkeypatch):
+    """--mode weak: every run gets train.scaling=weak and its repeat (a W&B name of its own);
+    efficiency T1 / Tn, the batch per rank fixed (accumulation 4 at every world)."""
+    import argparse
+
+    launched = []
+    monkeypatch.setattr(scaling, "run", lambda run_dir, w, c, steps, group, extra: launched.append(
+        (run_dir.name, extra)) or _fake(run_dir, 0.05))
+    monkeypatch.setattr(scaling.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    args = argparse.Namespace(repeats=2, reuse=None, steps=4, warmup=1, mode="weak", overrides=[])
+    runs = scaling.collect(args, ["ddp"], [1, 2], [25.0], tmp_path, "g")
+    assert sorted(name for name, _ in launched) == ["ws1-cap25", "ws1-cap25-r1", "ws2-cap25", "ws2-cap25-r1"]
+    for name, extra in launched:
+        assert "train.scaling=weak" in extra and f"wandb.repeat={1 if name.endswith('-r1') else 0}" in extra
+    assert [scaling.accumulation(w, "weak") for w in (1, 2, 4)] == [4, 4, 4]
+    assert [scaling.accumulation(w) for w in (1, 2, 4)] == [4, 2, 1]
+    runs[("ddp", 2, 25.0)] = [{**r, "step_s": 0.625} for r in runs[("ddp", 2, 25.0)]]
+    cal = cm.Calibration(cm.PRESETS["this-machine-gloo"])
+    eff = {r["world"]: r["efficiency"] for r in scaling.analyse(runs, cal, "weak")}
+    assert eff == {1: 1.0, 2: pytest.approx(0.5 / 0.625)}  # T1 / Tn, not T1 / (2 Tn)
+    strong = {r["world"]: r["efficiency"] for r in scaling.analyse(runs, cal)}
+    assert strong[2] == pytest.approx(0.5 / (2 * 0.625))
