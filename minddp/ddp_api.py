@@ -103,3 +103,8 @@ class PublicAPI:
     @property
     def layout_version(self) -> int:
         return self.layout.version
+
+    @property
+    def bucket_bytes_cap_list(self) -> list[int]:
+        """torch 2.13's attribute: bucket_cap_mb_list in bytes, [] without one."""
+        return [int(cap * 1024 * 1024) for cap in self.bucket_cap_mb_list or []]

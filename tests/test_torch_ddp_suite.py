@@ -183,8 +183,6 @@ EXPECTED_FAIL: dict[str, str] = {
     "test_ddp_native_mixed_precision_no_grad_as_bucket_view_set_grad_to_none": _MIXED,
     "test_ddp_profiling_torch_profiler": "the reducer's search_unused_parameters profiler range (the "
                                          "collectives' profiler events it checks first are there)",
-    "test_ddp_bucket_cap_mb_list": "ddp.bucket_bytes_cap_list, torch's reducer configuration attribute "
-                                   "(training with bucket_cap_mb_list before it passes)",
     "test_ddp_sync_module_states": "net.broadcast_bucket_size, fed to the private "
                                    "torch.distributed.utils._sync_module_states",
     "test_ddp_uneven_inputs": "net._authoritative_rank and " + _LOGGER + " (its first case's uneven-input "
