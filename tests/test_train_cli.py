@@ -2,13 +2,13 @@
 
 import json
 import math
-import struct
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from tests.conftest import BIN, ROOT, SMALL, assert_same_curves, final_model, metrics, run_train  # noqa: F401
+from tests.wandb_offline import records
 
 pytestmark = pytest.mark.slow
 
@@ -62,38 +62,13 @@ def test_metrics_jsonl_and_single_run_dir_written_by_rank_0(tmp_path):
     assert (run / "train.log").read_text().count("parameters, world 2") == 1  # rank 0 only
 
 
-def _wandb_records(path):
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = open(path, "rb").read()
-    ident, magic, _ = struct.unpack("<4sHB", data[:7])
-    assert ident == b":W&B" and magic == 0xBEE1
-    pos, buf, block, hdr = 7, b"", 32768, 7
-    while pos + hdr <= len(data):
-        left = block - pos % block
-        if left < hdr:
-            pos += left
-            continue
-        _crc, n, t = struct.unpack("<IHB", data[pos:pos + hdr])
-        if t == 0 and n == 0:
-            pos += left
-            continue
-        buf += data[pos + hdr:pos + hdr + n]
-        pos += hdr + n
-        if t in (1, 4):
-            r = pb.Record()
-            r.ParseFromString(buf)
-            buf = b""
-            yield r
-
-
 def test_wandb_offline_run_holds_the_logged_metrics(tmp_path):
     run_train(tmp_path / "run", *SMALL, "train.max_steps=3", "wandb.mode=offline",
               "wandb.group=scaling", nproc=2)
     files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1  # one W&B run per job (rank 0 only)
     history, config, run_info = [], {}, {}
-    for r in _wandb_records(files[0]):
+    for r in records(files[0]):  # W&B's offline file, read back (tests/wandb_offline.py)
         kind = r.WhichOneof("record_type")
         if kind == "history":
             history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
