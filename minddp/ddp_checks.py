@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .comm_hooks import ALGORITHMS
+from .comm_hooks import ALGORITHMS, GradBucket
 
 # module -> weakref to the live minddp wrapper that owns its hooks (a second wrapper is an error)
 OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
@@ -148,14 +148,19 @@ def check_trainable(names: list[str]) -> None:
 
 
 def check_comm_hook(hook) -> None:
-    """torch's `_check_comm_hook`, at registration: callable, with torch's annotations if any."""
+    """torch's `_check_comm_hook`, at registration: callable, with torch's annotations if any
+    (minddp's own GradBucket and a bare Future too: minddp's built-in hooks use them)."""
     if not callable(hook):
         raise TypeError("Communication hook must be callable.")
-    sig = inspect.signature(hook)
+    try:
+        sig = inspect.signature(hook, eval_str=True)
+    except (NameError, SyntaxError, TypeError):  # annotations that do not evaluate: torch cannot check them
+        return
     bucket = sig.parameters.get("bucket")
-    if bucket is not None and bucket.annotation not in (inspect.Parameter.empty, dist.GradBucket):
+    if bucket is not None and bucket.annotation not in (inspect.Parameter.empty, dist.GradBucket, GradBucket):
         raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
-    if sig.return_annotation not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+    futures = (inspect.Signature.empty, torch.futures.Future[torch.Tensor], torch.futures.Future)
+    if sig.return_annotation not in futures:
         raise ValueError(
             "Communication hook: return annotation should be torch.futures.Future[torch.Tensor].")
 

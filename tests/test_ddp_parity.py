@@ -255,12 +255,12 @@ def test_undefined_grad_parity_unused_parameters():
 
 
 # ------------------------------------------------------------------------------ 5. pickling
-def _pickling(rank, world_size):
+def _pickling(rank, world_size, grad_is_view):
     torch.manual_seed(0)
     base = MLP()
     finals = []
     for cls in WRAPPERS:
-        ddp = cls(copy.deepcopy(base), bucket_cap_mb=0.001)
+        ddp = cls(copy.deepcopy(base), bucket_cap_mb=0.001, gradient_as_bucket_view=grad_is_view)
         _sgd_steps(ddp, rank, world_size, range(2))
         buf = io.BytesIO()
         torch.save(ddp, buf)
@@ -281,8 +281,9 @@ def _pickling(rank, world_size):
             copy.deepcopy(cls(MLP(), process_group=group))
 
 
-def test_wrapper_pickles_and_the_copies_train_like_torchs():
-    multiproc.run(_pickling, 2)
+@pytest.mark.parametrize("grad_is_view", [False, True])
+def test_wrapper_pickles_and_the_copies_train_like_torchs(grad_is_view):
+    multiproc.run(_pickling, 2, grad_is_view)
 
 
 # ----------------------------------------------------------- 6. torch 2.13's constructor arguments
