@@ -208,11 +208,11 @@ def main(argv=None) -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     render.write(args.out + ".md", blocks, {"results": results})
     plot([r for r in results if r["variant"] == "ddp"], worlds, caps, args.out + ".png")
-    print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
     if not args.reuse:  # the study as one W&B run, in the runs' group; the upload command once
         from .report import report as folder_report
 
         folder_report(out_dir, to_wandb=True)
+    print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
 
 
 def load_note(runs: dict) -> list[str]:

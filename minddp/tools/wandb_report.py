@@ -7,8 +7,9 @@ the world size, one line per value of the other swept keys (bucket cap, variant,
 `report/efficiency`, `report/comm` (busy and exposed fractions of the step),
 `report/predicted_busy` (measured busy time beside the calibrated cost model's,
 minddp.perf.costmodel.predict_ddp_comm) and `report/rank_spread` (the ranks' min / median / max
-step time); and the report's PNG as `report/figure` (a wandb.Image). Online with an API key,
-offline otherwise (wandb.mode auto: minddp.train.tracking.resolve_wandb_mode); the offline run
+step time); and the report's PNG as `report/figure` (a wandb.Image). W&B's mode is the runs'
+`wandb.mode` where they agree, else auto (online with an API key, else offline:
+minddp.train.tracking.resolve_wandb_mode); disabled runs get no report run; the offline run
 lands in DIR/wandb/, and one command uploads the whole folder (`upload_command`).
 """
 
@@ -100,7 +101,11 @@ def log(folder, runs: list[dict], swept: list[str], head: list[str], rows: list[
     import wandb
 
     project, group = study_group(runs, folder)
-    mode = resolve_wandb_mode("auto")
+    modes = {r["keys"].get("wandb.mode") for r in runs}  # the runs' own wandb.mode, where they agree
+    mode = resolve_wandb_mode(modes.pop() if len(modes) == 1 and None not in modes else "auto")
+    if mode == "disabled":
+        print("W&B is disabled for these runs: no report run")
+        return mode
     run = wandb.init(project=project, group=group, job_type="report", name=f"report-{group}", mode=mode,
                      dir=str(folder), tags=["report", *sorted({r["scaling"] for r in runs})],
                      config={"folder": str(folder), "runs": len(runs), "swept": swept,
