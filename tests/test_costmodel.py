@@ -307,3 +307,22 @@ def test_committed_calibration_agrees_with_make_bench_on_the_bucket_cap():
     cap, _ = cm.best_bucket_mb(10.8e6, 4, 2, cal.fabric.alpha, cal.fabric.beta, backward,
                                candidates=sorted(step_ms), calibration=cal, tensor_bytes=43.2e6 / 76)
     assert step_ms[cap] <= 1.03 * min(step_ms.values()), (cap, step_ms)
+
+
+def _engine_buckets(rank, world_size):
+    from torch import nn
+
+    from minddp import DistributedDataParallel
+    from minddp.buckets import TensorSpec
+
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(6)])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
+    params = list(model.parameters())
+    planned = cm.planned_bytes([TensorSpec.of(p) for p in params], 0.02, list(reversed(range(len(params)))))
+    return planned, [float(b.grad_nbytes) for b in ddp.layout.buckets]
+
+
+def test_the_cost_models_buckets_are_the_engines():
+    """perf plans with minddp.buckets itself: the bytes per bucket the engine builds."""
+    planned, built = multiproc.run(_engine_buckets, 2)[0]
+    assert len(planned) > 2 and planned == built, (planned, built)

@@ -252,8 +252,16 @@ def bucket_bytes(total: float, cap_mb: float | None, tensor_bytes: float | None 
     step = int(tensor_bytes or total / 100) // 4 * 4 or 4
     n, rest = divmod(int(total), step)
     numels = [step // 4] * n + ([max(1, rest // 4)] if rest >= 4 else [])
-    specs = [TensorSpec(k, torch.float32, torch.device("cpu")) for k in numels]
-    plan = assign_buckets(specs, list(range(len(specs))), cap_mb)
+    cpu = torch.device("cpu")  # sizes only: a spec's device is never touched
+    return planned_bytes([TensorSpec(k, torch.float32, cpu) for k in numels], cap_mb)
+
+
+def planned_bytes(specs: list[TensorSpec], cap_mb: float | None,
+                  order: list[int] | None = None) -> list[float]:
+    """Each bucket's bytes, in launch order, as the engine plans these tensors (`order`: the
+    order gradients become ready, default as given; the engine's first plan is reversed
+    registration order): minddp.buckets.assign_buckets itself, the one planner."""
+    plan = assign_buckets(specs, list(range(len(specs))) if order is None else order, cap_mb)
     return [float(sum(specs[i].nbytes for i in ids)) for ids in plan]
 
 
