@@ -66,10 +66,10 @@ def overlap_config(base, cap, adamw):
     return ("minddp optimizer_overlap", model, OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
 
 
-def phased_step(model, opt, x) -> tuple[float, float, float]:
-    """Seconds of forward, backward and optimizer step, on the device's clock (CUDA events: a
-    sync after the step would move ZeRO-1's all-gathers, which the forward waits for, into it)."""
-    opt.zero_grad()
+def phases(model, opt, x) -> list[tuple[str, float, float]]:
+    """(name, start, end) of one step's forward, backward and optimizer step, on the device's
+    clock (CUDA events: a sync after the step would move ZeRO-1's all-gathers, which the
+    forward waits for, into it); the work queued before is finished first."""
     sync(x.device)
     clock = PhaseClock(x.device)
     loss = lm_loss(model, x)
@@ -77,8 +77,14 @@ def phased_step(model, opt, x) -> tuple[float, float, float]:
     loss.backward()
     clock.mark("backward")
     opt.step()
-    clock.mark("step")
-    forward, backward, step = (z - a for _, a, z in clock.spans())
+    clock.mark("optimizer")
+    return clock.spans()
+
+
+def phased_step(model, opt, x) -> tuple[float, float, float]:
+    """Seconds of forward, backward and optimizer step (`phases`), gradients zeroed first."""
+    opt.zero_grad()
+    forward, backward, step = (z - a for _, a, z in phases(model, opt, x))
     return forward, backward, step
 
 

@@ -16,27 +16,21 @@ import torch
 import torch.distributed as dist
 
 from ..perf.clock import PhaseClock, after_warmup, sync
+from ..perf.engine_bench import phases
 from ..train.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
 from .cli import start
 from .workload import bench_gpt, lm_loss
 
 
 def traced_step(model, opt, x) -> dict:
-    """One step's trace: forward, backward and optimizer on the device's clock, every bucket's
-    collective from the engine's observer."""
+    """One step's trace: forward, backward and optimizer on the device's clock (perf's
+    `phases`), every bucket's collective from the engine's observer."""
     tr = StepTrace(model)
     dist.barrier()
-    sync(x.device)
     tr.start()
-    clock = PhaseClock(x.device)
-    loss = lm_loss(model, x)
-    clock.mark("forward")
-    loss.backward()
-    clock.mark("backward")
-    opt.step()
+    spans = phases(model, opt, x)
     opt.zero_grad()
-    clock.mark("optimizer")
-    for name, a, z in clock.spans():
+    for name, a, z in spans:
         tr.span(name, a, z)
     return tr.stop()
 
