@@ -33,6 +33,16 @@ if not torch_supported():  # say it once, at import, rather than fail somewhere 
     warnings.warn(f"minddp needs torch >= {TORCH_FLOOR}; this is torch {torch.__version__}", stacklevel=2)
 
 
+def optimizer_step_hooked(optimizer) -> bool:
+    """Whether step hooks (the optimizer's own or global ones) are registered: a bucket's step then
+    goes through `optimizer.step()`, which runs them (minddp.optim.BucketSteps)."""
+    from torch.optim import optimizer as base
+
+    return bool(getattr(optimizer, "_optimizer_step_pre_hooks", None) or
+                getattr(optimizer, "_optimizer_step_post_hooks", None) or
+                base._global_optimizer_pre_hooks or base._global_optimizer_post_hooks)
+
+
 def queue_autograd_callback(fn) -> None:
     """Run `fn` once when the current backward pass ends: the engine waits for the last
     buckets there, so `loss.backward()` returns with reduced gradients (torch DDP's reducer

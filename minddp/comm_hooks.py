@@ -27,16 +27,18 @@ import torch.distributed as dist
 from . import collectives
 
 
-def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str) -> torch.futures.Future:
+def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str,
+                     prescaled: bool = False) -> torch.futures.Future:
     """Start an in-place all-reduce of `tensor`; "avg" is torch DDP's: multiply by 1/size of the
     group, then SUM (never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out NVLS on
     NVSwitch machines and sums in another order than torch DDP). The pre-division also keeps
-    fp16 from overflowing.
+    fp16 from overflowing. `prescaled`: the 1/size was applied already (fused into the copy of
+    each gradient into its bucket, minddp.reductions), so no pass over the bucket here.
 
     The future is torch's own (its value is `[tensor]`): no Python callback is
     chained here, because each one costs a GIL round trip on the comm thread.
     """
-    if reduce_op == "avg":
+    if reduce_op == "avg" and not prescaled:
         tensor.mul_(1.0 / dist.get_world_size(group))  # torch's reducer: mul by the reciprocal
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return work.get_future()
@@ -82,10 +84,10 @@ class BucketReducer:
                       if algorithm != "native" and not self._inline else None)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
+    def __call__(self, tensor: torch.Tensor, prescaled: bool = False) -> torch.futures.Future:
         if self._run is None:
-            return all_reduce_async(tensor, self.group, self.reduce_op)
-        if self.reduce_op == "avg":  # as all_reduce_async: scale, then SUM
+            return all_reduce_async(tensor, self.group, self.reduce_op, prescaled)
+        if self.reduce_op == "avg" and not prescaled:  # as all_reduce_async: scale, then SUM
             tensor.mul_(1.0 / self.world)
         if not tensor.is_cuda:
             return self._submit(torch.futures.Future(), tensor, None, None)

@@ -228,7 +228,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
                     raise RuntimeError(
                         f"minddp: parameter {self.names[i]!r} has a sparse gradient (e.g. "
                         "nn.Embedding(sparse=True)); minddp reduces dense buckets only: use sparse=False")
-                view.copy_(grad)
+                self.reduction.copy_in(i, view, grad, self._expect_sync)  # with the average's 1/n fused
                 p.grad = view
         if not self._expect_sync:
             if self._reduced_since_forward:

@@ -56,8 +56,21 @@ class CommStats:
     overlap: bool = True
 
 
-def observer_for(device: torch.device, overlap: bool) -> "Observer":
-    return CudaObserver(device, overlap) if device.type == "cuda" else Observer(overlap)
+def clock_for(device_type: str, backend: str) -> str:
+    """How a bucket's communication is timed (pure): "cuda-events" where the backend runs the
+    collective as CUDA work whose future carries its CUDA events (nccl), else "host" (gloo, also with
+    CUDA tensors: its futures carry no CUDA event, so an end event would wait on nothing and could
+    precede its start event on a busy compute stream; its collectives complete on the host)."""
+    return "cuda-events" if device_type == "cuda" and "nccl" in backend else "host"
+
+
+def observer_for(device: torch.device, overlap: bool, group=None) -> "Observer":
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)) if dist.is_initialized() else ""
+    if clock_for(device.type, backend) == "cuda-events":
+        return CudaObserver(device, overlap)
+    return Observer(overlap)
 
 
 class Observer:

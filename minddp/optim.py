@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _compat
 from . import tensor_parallel as tp
 
 
@@ -70,3 +71,90 @@ class ReplicatedOptimizer:
 
     def load_state_dict(self, sd: dict) -> None:
         self.optim.load_state_dict(sd)
+
+
+class BucketSteps:
+    """One torch optimizer stepped one bucket at a time (OverlappedOptimizer: as each bucket is
+    reduced; ShardedOptimizer: each shard, its all-gather launched right after).
+
+    `cuts[b]` is bucket b's parameters, per param group (the same tensors the optimizer holds).
+    Adam and AdamW (the trainer's), once every parameter of the bucket has its state and no step
+    hook is registered, get their functional step straight on the bucket's tensor lists, built once:
+    the same call `optimizer.step()` makes for those tensors, without its per-call walk over groups
+    and state, so the results are bitwise equal. Any other case steps the optimizer itself, its
+    groups cut down to the bucket for the call (its hooks run; an LR scheduler sees it stepped).
+    """
+
+    def __init__(self, optimizer, cuts: list[list[list[torch.Tensor]]]):
+        self.optim, self.cuts = optimizer, cuts
+        self._lists: dict[int, list] = {}  # bucket -> per group: the functional step's arguments
+        self._state = None  # the state dict the lists were built from (load_state_dict replaces it)
+
+    @torch.no_grad()
+    def step(self, b: int) -> None:
+        lists = self._fast_lists(b)
+        if lists is None:
+            return self._step_cut(b)
+        from torch.optim.adam import adam
+
+        groups = self.optim.param_groups
+        for g, (params, grads, avgs, sqs, maxes, steps, cplx, _) in lists:
+            group = groups[g]
+            adam(params, grads, avgs, sqs, maxes, steps, amsgrad=group["amsgrad"], has_complex=cplx,
+                 beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
+                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                 foreach=group["foreach"], capturable=group["capturable"],
+                 differentiable=group["differentiable"], fused=group["fused"],
+                 decoupled_weight_decay=group["decoupled_weight_decay"])
+
+    def _fast_lists(self, b: int):
+        """Bucket b's (group, tensor lists) for the functional Adam step, or None (the generic path)."""
+        opt = self.optim
+        if type(opt) not in (torch.optim.Adam, torch.optim.AdamW) or _compat.optimizer_step_hooked(opt):
+            return None
+        if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
+            return None
+        if self._state is not opt.state:
+            self._lists, self._state = {}, opt.state
+        lists = self._lists.get(b)
+        if lists is None or not self._current(b, lists):
+            lists = self._lists[b] = self._build(b)
+        return lists
+
+    def _current(self, b: int, lists) -> bool:
+        """The built lists still hold every parameter's .grad and optimizer state (a parameter left
+        without a gradient is skipped by optimizer.step(): so is it here, by the generic path)."""
+        state = self.optim.state
+        return all(p.grad is grad and state.get(p) is st for _, (params, grads, *_, states) in lists
+                   for p, grad, st in zip(params, grads, states))
+
+    def _build(self, b: int):
+        opt, out = self.optim, []
+        for g, params in enumerate(self.cuts[b]):
+            group = opt.param_groups[g]
+            if not params:
+                continue
+            states = [opt.state.get(p) for p in params]
+            if (group["capturable"] or group["differentiable"] or "decoupled_weight_decay" not in group
+                    or not all(states) or any(p.grad is None or p.grad.is_sparse for p in params)):
+                return None  # the first step makes the states; the generic path covers the rest
+            maxes = [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else []
+            out.append((g, (params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                            [s["exp_avg_sq"] for s in states], maxes, [s["step"] for s in states],
+                            any(torch.is_complex(p) for p in params), states)))
+        return out
+
+    def _step_cut(self, b: int) -> None:
+        """optimizer.step() with its groups cut down to bucket b, and put back after."""
+        opt = self.optim
+        groups = opt.param_groups
+        whole = [g["params"] for g in groups]
+        try:
+            for g, params in zip(groups, self.cuts[b]):
+                g["params"] = params
+            opt.param_groups = [g for g in groups if g["params"]]
+            opt.step()
+        finally:
+            opt.param_groups = groups
+            for g, params in zip(groups, whole):
+                g["params"] = params

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .optim import ReplicatedOptimizer
+from .optim import BucketSteps, ReplicatedOptimizer
 
 
 class OverlappedOptimizer(ReplicatedOptimizer):
@@ -40,38 +40,26 @@ class OverlappedOptimizer(ReplicatedOptimizer):
                              "DDP(..., optimizer_overlap=True)")
         super().__init__(ddp, optimizer_class, params if params is not None else ddp.module.parameters(),
                          tp_group, tp_size, **defaults)
-        self._cuts: dict[int, list[list[list]]] = {}  # layout version -> per bucket, per group: params
+        self._steps: tuple[int, BucketSteps] | None = None  # (layout version, its per-bucket steps)
         self.steps_taken = 0  # bucket steps since the last step() call
         ddp.on_reduced(self._step_bucket)
 
-    def _bucket_cut(self, b: int) -> list[list]:
+    def _bucket_steps(self) -> BucketSteps:
+        """Per bucket, per param group: the bucket's parameters, cut once per bucket layout."""
         layout = self.ddp.layout
-        if layout.version not in self._cuts:
-            self._cuts = {layout.version: []}
+        if self._steps is None or self._steps[0] != layout.version:
+            cuts = []
             for bucket in layout.buckets:
                 mine = {id(self.ddp.params[i]) for i in bucket.param_ids}
-                self._cuts[layout.version].append(
-                    [[p for p in g["params"] if id(p) in mine] for g in self.optim.param_groups])
-        return self._cuts[layout.version][b]
+                cuts.append([[p for p in g["params"] if id(p) in mine] for g in self.optim.param_groups])
+            self._steps = (layout.version, BucketSteps(self.optim, cuts))
+        return self._steps[1]
 
-    @torch.no_grad()
     def _step_bucket(self, b: int) -> None:
-        """Step bucket b's parameters now (the engine calls it once bucket b is reduced). The one
-        torch optimizer steps, its groups cut down to bucket b for the call and put back after:
-        an optimizer per bucket would step without the user's optimizer's step hooks and its
-        LR scheduler's bookkeeping (it warns when its optimizer never stepped)."""
-        opt, cut = self.optim, self._bucket_cut(b)
-        groups = opt.param_groups
-        whole = [g["params"] for g in groups]
-        try:
-            for g, params in zip(groups, cut):
-                g["params"] = params
-            opt.param_groups = [g for g in groups if g["params"]]
-            opt.step()
-        finally:
-            opt.param_groups = groups
-            for g, params in zip(groups, whole):
-                g["params"] = params
+        """Step bucket b's parameters now (the engine calls it once bucket b is reduced): the one
+        torch optimizer, so its step hooks and LR scheduler's bookkeeping hold (minddp.optim.BucketSteps:
+        its functional step on the bucket's tensors, or its step() with its groups cut to them)."""
+        self._bucket_steps().step(b)
         self.steps_taken += 1
 
     def step(self, closure=None) -> None:

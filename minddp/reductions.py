@@ -30,12 +30,43 @@ class Reduction:
     kind = "all_reduce"  # for profiler ranges and traces
     pad_to = 1  # every bucket buffer is padded to a multiple of this
     joinable = True  # can a rank that ran out of data shadow it under join()?
+    prescale: float | None = None  # 1/n when the bucket is averaged by scaling it before a SUM
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
         self.reducer, self.params, self.layout = reducer, params, None
 
     def bind(self, layout) -> None:
         self.layout = layout
+        self._scaled = [False] * len(self.params)  # this gradient was scaled on its way into the bucket
+        self._scaled_in = [0] * (len(layout.buckets) if layout is not None else 0)  # ... how many, per bucket
+
+    def copy_in(self, i: int, view: torch.Tensor, grad: torch.Tensor, syncing: bool) -> None:
+        """A fresh gradient into its bucket view. Before a synchronised reduction that averages by
+        pre-scaling, the 1/n is fused into the copy (torch's reducer does the same, mul_out), so the
+        bucket needs no second pass; gradients accumulated in place are scaled at launch instead."""
+        if self.prescale is None or not syncing:
+            view.copy_(grad)
+            return
+        if grad.requires_grad:  # create_graph=True: out= refuses tensors that require grad
+            view.copy_(grad.mul(self.prescale))
+        else:
+            torch.mul(grad, self.prescale, out=view)
+        if not self._scaled[i]:
+            self._scaled[i] = True
+            self._scaled_in[self.layout.bucket_of(i)] += 1
+
+    def scale_rest(self, b: int) -> None:
+        """Scale what copy_in did not (the whole bucket when it scaled nothing: accumulated in
+        place), so every element of bucket b carries the 1/n once; then forget the marks."""
+        bucket, n = self.layout.buckets[b], self._scaled_in[b]
+        if n == 0:
+            bucket.buffer.mul_(self.prescale)
+            return
+        for i in bucket.param_ids:  # the usage-flag tail stays unscaled: only nonzero matters there
+            if not self._scaled[i]:
+                self.layout.views[i].mul_(self.prescale)
+            self._scaled[i] = False
+        self._scaled_in[b] = 0
 
     def replicas(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The tensors that hold the module's parameters, for the first broadcast: (flat buffers
@@ -69,10 +100,18 @@ class Reduction:
 
 class AllReduce(Reduction):
     """The bucket in its own dtype, in place: the backend's all-reduce, or one of
-    minddp.collectives' algorithms (ring, tree, ...) on the reducer's worker thread."""
+    minddp.collectives' algorithms (ring, tree, ...) on the reducer's worker thread. The average's
+    1/n is applied as gradients are copied into the bucket (`copy_in`), not in a pass of its own."""
+
+    def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
+        super().__init__(reducer, params)
+        self.prescale = 1.0 / reducer.world if reducer.reduce_op == "avg" else None
 
     def _reduce(self, b: int, buffer: torch.Tensor):
-        return self.reducer(buffer)
+        if self.prescale is None or buffer is not self.layout.buckets[b].buffer:  # (join's zeros)
+            return self.reducer(buffer)
+        self.scale_rest(b)
+        return self.reducer(buffer, prescaled=True)
 
 
 class CompressedAllReduce(Reduction):
@@ -124,6 +163,9 @@ class ReduceScatter(Reduction):
         super().__init__(reducer, params)
         self.pad_to = dist.get_world_size(reducer.group)
         self.avg = reducer.reduce_op == "avg"
+        # every element of a rank's bucket goes into some rank's shard sum: all of it is scaled
+        # first, torch DDP's order; mostly inside the copy of each gradient into the bucket (copy_in)
+        self.prescale = 1.0 / self.reducer.world if self.avg else None
 
     def bind(self, layout) -> None:
         super().bind(layout)
@@ -136,8 +178,10 @@ class ReduceScatter(Reduction):
         return self.layout.flat_params, [p.detach() for p in module.parameters() if id(p) not in flat]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
-        if self.avg:  # torch DDP's average: scale by 1/n, then SUM (as all_reduce_async)
-            buffer.mul_(1.0 / self.reducer.world)
+        if self.avg and buffer is self.layout.buckets[b].buffer:  # torch DDP's average: 1/n, then SUM
+            self.scale_rest(b)
+        elif self.avg:
+            buffer.mul_(self.prescale)
         return collectives.reduce_scatter_in_place(buffer, self.reducer.group, dist.ReduceOp.SUM)
 
     def finish(self, b: int, result) -> int:  # in place: the shard already holds its average

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from . import collectives, gradnorm, zero_state
+from .optim import BucketSteps
 from .overlap import OverlappedOptimizer  # noqa: F401 - its old home (minddp.zero.OverlappedOptimizer)
 
 
@@ -71,6 +72,8 @@ class ShardedOptimizer:
             self._group_params.append([index[id(p)] for p in g["params"]])
         self._segments: list[Segment] = []
         self._version = None
+        self._steps: tuple[int, BucketSteps] | None = None  # (layout version, its per-bucket steps)
+        self.gather_per_bucket = ddp.device.type == "cuda"  # step a shard, gather it, next (see step)
         self._pending_state: dict | None = None  # loaded, applied once the bucket layout is final
         inner = [{**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in groups]
         self._slice_shards(inner)
@@ -114,7 +117,7 @@ class ShardedOptimizer:
         freed as soon as its parameters have moved (no second copy of parameters or gradients)."""
         if any(self.optim.state.values()):
             raise RuntimeError("the engine's bucket layout changed after the optimizer had state")
-        self._segments = []
+        self._segments, self._steps = [], None
         for g in self.optim.param_groups:
             g["params"] = []
 
@@ -137,13 +140,29 @@ class ShardedOptimizer:
         self._last_waits, self._waits = self._waits, []
         for s in self._segments:
             s.tensor.grad = s.grad
-        self.optim.step()
-        # launched now, waited for by the next forward: the last bucket first, since it holds
-        # the first layers (buckets follow backward's order), which the forward needs first
+        # On a GPU bucket by bucket, each all-gather launched as soon as its shard is stepped (it
+        # travels while the next shard's kernels run); on the CPU, where each step call costs host
+        # time and the host is what runs both, one step over every shard first. Waited for by the
+        # next forward: the last bucket first, since it holds the first layers (buckets follow
+        # backward's order), which the forward needs first.
+        steps = self._bucket_steps() if self.gather_per_bucket else None
+        if steps is None:
+            self.optim.step()
         layout = self.ddp.layout
         for b in reversed(range(len(layout.buckets))):  # in place: each rank's slice to every rank
+            if steps is not None:
+                steps.step(b)
             self._gathers[b] = collectives.all_gather_in_place(layout.flat_params[b], self.ddp.process_group)
             self._note("gather_launch", b)
+
+    def _bucket_steps(self) -> BucketSteps:
+        """This rank's segments per bucket, per param group, cut once per bucket layout."""
+        if self._steps is None or self._steps[0] != self._version:
+            bucket_of = {id(s.tensor): s.bucket for s in self._segments}
+            cuts = [[[t for t in g["params"] if bucket_of[id(t)] == b] for g in self.optim.param_groups]
+                    for b in range(len(self.ddp.layout.buckets))]
+            self._steps = (self._version, BucketSteps(self.optim, cuts))
+        return self._steps[1]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.ddp.module.zero_grad(set_to_none=set_to_none)
