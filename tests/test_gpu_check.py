@@ -141,3 +141,13 @@ def test_the_supported_torch_range_is_pinned():
 def test_the_gpu_check_run_fits_its_budget():
     assert gc.BUDGET_S < 600
     assert re.search(r"MFU_FLOOR = 0\.\d+", (ROOT / "scripts" / "gpu_check.py").read_text())
+
+
+@pytest.mark.slow
+def test_the_sigterm_item_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """The item's machinery without a GPU (the trainer picks the CPU): torchrun's workers are
+    signalled after step 5, exit 0, and the checkpoint at the step they stopped loads."""
+    monkeypatch.setattr(gc, "RESULTS", {})
+    assert gc.check_sigterm(1, tmp_path)
+    word, detail = gc.RESULTS["SIGTERM: exit 0, a loadable checkpoint at the step it stopped"].values()
+    assert word == "PASS" and "exit 0" in detail, detail
