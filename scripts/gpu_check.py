@@ -173,11 +173,17 @@ def bootstrap(args) -> None:
     venv = Path(args.venv)
     python = venv / "bin" / "python"
     say(f"gpu-check: installing {', '.join(need)} from {wheels} (no index) into {venv}")
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    see_this_python(venv, python)
     pip = [str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
-    subprocess.run([*pip, *need], check=True)
+    try:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        see_this_python(venv, python)
+        subprocess.run([*pip, *need], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        say(f"gpu-check: nothing was checked: installing {', '.join(need)} into {venv} failed ({e}); "
+            f"a wheelhouse for this Python {sys.version_info.major}.{sys.version_info.minor}: "
+            "make wheelhouse WHEEL_PYTHONS=...")
+        raise SystemExit(1) from None
     # minddp itself without its dependencies: the node's torch stays (scripts also find it by path)
     if subprocess.run([*pip, "--no-deps", "-e", str(ROOT)]).returncode != 0:
         say("gpu-check: minddp not installed into the venv (runs from its folder instead)")
