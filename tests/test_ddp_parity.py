@@ -207,7 +207,13 @@ class Gated(nn.Module):
         return self.head(NoneGrad.apply(h) if cut else h)
 
 
-def _undefined(rank, world_size, find_unused, cut_ranks):
+def _undefined(rank, world_size):
+    """Every case on the same two ranks: (find_unused_parameters, ranks whose graph is cut)."""
+    return {case: _undefined_case(rank, world_size, *case)
+            for case in [(True, (0, 1)), (False, (0, 1)), (True, (0,)), (False, (0,))]}
+
+
+def _undefined_case(rank, world_size, find_unused, cut_ranks):
     runs = []
     for cls in WRAPPERS:
         torch.manual_seed(0)
@@ -228,14 +234,12 @@ def _undefined(rank, world_size, find_unused, cut_ranks):
     return runs[0][0][-1]["body.weight"]
 
 
-@pytest.mark.parametrize("find_unused", [True, False])
-@pytest.mark.parametrize("cut_ranks", [(0, 1), (0,)], ids=["every_rank", "rank_0"])
-def test_undefined_gradients_like_torch(find_unused, cut_ranks):
-    grad = multiproc.run(_undefined, 2, find_unused, cut_ranks)[0]
-    if cut_ranks == (0, 1):  # torch: None with find_unused_parameters, zeros without
-        assert grad is None if find_unused else torch.equal(grad, torch.zeros(8, 8))
-    else:
-        assert grad is not None and grad.abs().sum() > 0  # rank 1's gradient, averaged
+def test_undefined_gradients_like_torch():
+    for (find_unused, cut_ranks), grad in multiproc.run(_undefined, 2)[0].items():
+        if cut_ranks == (0, 1):  # torch: None with find_unused_parameters, zeros without
+            assert grad is None if find_unused else torch.equal(grad, torch.zeros(8, 8))
+        else:
+            assert grad is not None and grad.abs().sum() > 0  # rank 1's gradient, averaged
 
 
 def _undefined_grad_op(rank, world_size):
@@ -364,7 +368,11 @@ class LargeNet(nn.Module):
         return self.fc1(x)
 
 
-def _skip_unused(rank, world_size, skip):
+def _skip_unused(rank, world_size):
+    return {skip: _skip_unused_case(rank, world_size, skip) for skip in (True, False)}
+
+
+def _skip_unused_case(rank, world_size, skip):
     torch.manual_seed(31415)
     base = LargeNet()
     models = [cls(copy.deepcopy(base), find_unused_parameters=True, bucket_cap_mb=0.03,
@@ -382,8 +390,7 @@ def _skip_unused(rank, world_size, skip):
 
 
 def test_skip_all_reduce_unused_params_reduces_only_used_buckets():
-    skipped = multiproc.run(_skip_unused, 2, True)[0]
-    reduced = multiproc.run(_skip_unused, 2, False)[0]
+    skipped, reduced = multiproc.run(_skip_unused, 2)[0].values()
     assert skipped == 100 * 5000 * 4  # fc1's gradients only
     assert reduced == (100 * 5000 + 2 * 100 * 100 + 3) * 4  # + the 3 usage flags, in the last bucket
 
