@@ -48,12 +48,9 @@ RESULTS: dict[str, dict] = {}
 
 # ------------------------------------------------------------- verdicts (pure, tested on CPU)
 def union_length(intervals) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
+    from minddp.observer import _union_length  # the union CommStats.busy_s uses (imported late:
+    # this script must say "no torch" in one line before anything imports it)
+    return _union_length(intervals)
 
 
 def concurrent_fraction(comm, compute) -> float:
