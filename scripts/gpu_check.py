@@ -295,7 +295,8 @@ def check_trainer(gpus: int, out: Path) -> bool:
     good = verdict("trainer 50 steps bf16", learned,
                    f"step {last.get('step')}, loss {rows[0]['loss']:.3f} -> {last['loss']:.3f}, "
                    f"{last.get('tokens_per_s', 0):.0f} tok/s; {t}" if rows else t)
-    good &= verdict("trainer MFU", *mfu_verdict(last.get("mfu") if learned else None))
+    mfu = mfu_verdict(last.get("mfu")) if learned else (False, "the run did not finish")
+    good &= verdict("trainer MFU", *mfu)
     ok, t = run("trainer_resume", torchrun(gpus, "train.py", *base, "train.max_steps=60",
                                           "train.resume=auto"), out, 120, env)
     steps = [r["step"] for r in metrics(run_dir)]
