@@ -131,7 +131,7 @@ class Trainer:
         d = self.cfg.ddp
         return DistributedDataParallel(
             model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
-            find_unused_parameters=d.find_unused_parameters, broadcast_buffers=d.broadcast_buffers,
+            find_unused_parameters=d.find_unused_parameters, forward_sync_buffers=d.broadcast_buffers,
             overlap=d.overlap, reduce_op=d.reduce_op, compress=d.compress, algorithm=d.algorithm,
             strict_bucket_cap=d.strict_bucket_cap, shard_optimizer=d.shard_optimizer,
             optimizer_overlap=d.optimizer_overlap)
