@@ -132,3 +132,26 @@ def test_costmodel_help_documents_every_subcommand(capsys, monkeypatch):
     for cmd in commands:
         line = next((x for x in out.splitlines() if x.strip().startswith(cmd + " ")), "")
         assert len(line.split()) > 2, f"minddp costmodel --help: no help for {cmd}"
+
+
+def test_a_tools_configuration_error_is_one_line_and_exit_2(monkeypatch, capsys):
+    """e.g. more nccl ranks than GPUs (minddp.dist) raised inside a tool: no traceback."""
+    import sys
+    import types
+
+    import pytest
+
+    import minddp.tools as tools
+    from minddp.errors import ConfigError
+
+    def fail():
+        raise ConfigError("2 ranks on 1 GPU: use --nproc_per_node=1")
+
+    monkeypatch.setitem(sys.modules, "minddp.tools._fails", types.SimpleNamespace(main=fail))
+    monkeypatch.setitem(tools.TOOLS, "fails", ("_fails", "raises a configuration error"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as exit_:
+        tools.main(["fails"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "configuration error: 2 ranks on 1 GPU" in err, err

@@ -7,7 +7,10 @@ Each tool is one module here with a `main()` that reads `sys.argv`; only the cho
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from minddp.errors import ConfigError
 
 # tool name -> (module under minddp.tools, one line for `minddp --help`)
 TOOLS = {
@@ -45,4 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     module = importlib.import_module(f"minddp.tools.{TOOLS[name][0]}")
     sys.argv = [f"minddp {name}", *argv[1:]]  # each tool's argparse reads sys.argv
-    module.main()
+    try:
+        module.main()
+    except ConfigError as e:  # e.g. more nccl ranks than GPUs: one line and exit 2 on every rank
+        rank = os.environ.get("RANK", "0")
+        sys.stderr.write(f"[rank {rank}] minddp {name}: configuration error: {e}\n")  # one write
+        raise SystemExit(2) from None
