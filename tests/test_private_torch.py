@@ -6,7 +6,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minddp"
 # private names of *minddp's own or the standard library's* objects, reached from outside `self`
-ALLOWED = {("os", "_exit"), ("ddp", "_on_grad_ready")}
+ALLOWED = {("os", "_exit"), ("ddp", "_on_grad_ready"),
+           # the engine's own state, read by its seams (pickling, replicas, checks) beside ddp.py
+           ("ddp", "_expect_sync"), ("ddp", "_group_info"), ("ddp", "_build_engine"),
+           ("ddp", "_attach_hooks"), ("ddp", "_ignored"), ("old", "_retired"),
+           # torch DDP's ignore-list attributes on the user's module: the contract of
+           # _set_params_and_buffers_to_ignore_for_model, which libraries set themselves
+           ("module", "_ddp_params_and_buffers_to_ignore"), ("t", "_ddp_ignored")}
 
 
 def _root(node: ast.AST) -> str:
