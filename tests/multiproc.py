@@ -142,6 +142,18 @@ def _run(fn, world_size, args, timeout):
 B = 4  # per-rank batch
 
 
+class WithBN(nn.Module):
+    """A model with buffers (BatchNorm's running statistics)."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
 class MLP(nn.Module):
     def __init__(self, d_in=8, width=32, d_out=4, depth=4):
         super().__init__()

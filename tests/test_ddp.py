@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 import minddp
 from tests import multiproc
-from tests.multiproc import MLP, B, assert_same_params, batch, params_of, shard
+from tests.multiproc import MLP, B, WithBN, assert_same_params, batch, params_of, shard
 
 STEPS = 4
 
@@ -293,17 +293,6 @@ def _bucket_params(model):
 
 def test_tied_frozen_and_mixed_dtype_parameters():
     multiproc.run(_tied_frozen_mixed, 2)
-
-
-class WithBN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.out = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.bn(self.fc(x))))
 
 
 def _buffers(rank, world_size, broadcast_buffers):

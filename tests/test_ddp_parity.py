@@ -21,7 +21,7 @@ from minddp import transfer
 from minddp.buckets import MiB, TensorSpec, assign_buckets
 from minddp.usage import MAX_DEFER, UsageFlags
 from tests import multiproc
-from tests.multiproc import MLP, assert_same_params, batch, params_of, shard
+from tests.multiproc import MLP, WithBN, assert_same_params, batch, params_of, shard
 
 TORCH_DDP = nn.parallel.DistributedDataParallel
 WRAPPERS = (minddp.DDP, TORCH_DDP)
@@ -419,17 +419,6 @@ def test_wrapping_a_wrapped_module_again_takes_it_over():
 
 
 # ------------------------------------------------- 9. _set_params_and_buffers_to_ignore_for_model
-class WithBN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.out = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.bn(self.fc(x))))
-
-
 def _ignored(rank, world_size):
     ignore = ["fc.weight", "bn.running_mean"]
     runs = []
