@@ -38,10 +38,15 @@ def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str,
     The future is torch's own (its value is `[tensor]`): no Python callback is
     chained here, because each one costs a GIL round trip on the comm thread.
     """
+    return all_reduce_work(tensor, group, reduce_op, prescaled).get_future()
+
+
+def all_reduce_work(tensor: torch.Tensor, group, reduce_op: str, prescaled: bool = False) -> dist.Work:
+    """As all_reduce_async, returning the Work (whose wait() orders the waiting CUDA stream after
+    the collective's own end event, without recording the tensor on that stream)."""
     if reduce_op == "avg" and not prescaled:
         tensor.mul_(1.0 / dist.get_world_size(group))  # torch's reducer: mul by the reciprocal
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
-    return work.get_future()
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
 # minddp.collectives' from-scratch all-reduces, each (tensor, group-or-node-groups, "sum")
@@ -83,10 +88,12 @@ class BucketReducer:
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix="minddp-comm")
                       if algorithm != "native" and not self._inline else None)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._work = None  # the last native collective's Work, until take_work()
 
     def __call__(self, tensor: torch.Tensor, prescaled: bool = False) -> torch.futures.Future:
         if self._run is None:
-            return all_reduce_async(tensor, self.group, self.reduce_op, prescaled)
+            self._work = all_reduce_work(tensor, self.group, self.reduce_op, prescaled)
+            return self._work.get_future()
         if self.reduce_op == "avg" and not prescaled:  # as all_reduce_async: scale, then SUM
             tensor.mul_(1.0 / self.world)
         if not tensor.is_cuda:
@@ -96,6 +103,12 @@ class BucketReducer:
         ready.record()  # on the compute stream: the bucket's gradients are final here
         tensor.record_stream(stream)  # a temporary (a 16-bit copy) is not reused before we finish
         return self._submit(torch.futures.Future(devices=[tensor.device]), tensor, stream, ready)
+
+    def take_work(self):
+        """The Work of the native all-reduce launched last (None for the from-scratch algorithms),
+        handed over once: the observer times the collective by its own end event."""
+        work, self._work = self._work, None
+        return work
 
     def _submit(self, fut, tensor, stream, ready) -> torch.futures.Future:
         def run():

@@ -275,7 +275,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             future = _Skipped(self.reduction.reducer(flags) if flags is not None else None)
         else:
             future = self.reduction.launch(b)
-        bucket.future = self.observer.launched(b, future)
+        bucket.future = self.observer.launched(b, future, self.reduction.take_work())
 
     def _finish_backward(self) -> None:
         """Runs once at the end of a synchronised backward (queued on the autograd engine)."""

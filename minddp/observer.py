@@ -5,7 +5,8 @@ The engine (ddp.py) calls an observer at these points and does not know what it 
     layout_changed(n)         the buckets were (re)built: n buckets
     start(n)                  a synchronised forward begins a new iteration
     launch(b, nbytes, kind)   bucket b's reduction is about to start
-    launched(b, future)       ... and has started: returns the future the engine waits on
+    launched(b, future, work) ... and has started (work: the native collective's Work, or None):
+                              returns the future the engine waits on
     poll()                    a gradient arrived (a cheap moment to notice completions)
     backward_end(k)           autograd finished (k buckets were launched during it); the
                               engine now launches the rest and waits
@@ -104,7 +105,7 @@ class Observer:
             self._range = torch.profiler.record_function(f"minddp: bucket {b} {kind} ({nbytes} B)")
             self._range.__enter__()
 
-    def launched(self, b: int, future):
+    def launched(self, b: int, future, work=None):
         self._end_range()
         self.stats.launch_order.append(b)
         if self.host_clock and isinstance(future, torch.futures.Future):
@@ -169,10 +170,12 @@ class Observer:
 
 class CudaObserver(Observer):
     """Per-bucket CUDA events time the collectives themselves, never blocking the host: a
-    bucket's end event is recorded on a timing stream made to wait for the collective (an NCCL
-    future is complete at enqueue, its wait() only orders streams; a worker thread's future
-    records it when it completes, on that thread). No completion is read from the host: an
-    NCCL Work reads done at enqueue, which would draw zero-width bars."""
+    bucket's end event is recorded on a timing stream made to wait for the collective's own end
+    event (`Work.wait()` only orders streams on NCCL, and unlike a future's wait() it does not
+    record the bucket or its 16-bit copy on the timing stream, which would delay their reuse).
+    A hook's future without a Work is waited on the same way; a worker thread's future records
+    the end when it completes, on that thread. No completion is read from the host: an NCCL Work
+    reads done at enqueue, which would draw zero-width bars."""
 
     host_clock = False
 
@@ -197,15 +200,19 @@ class CudaObserver(Observer):
         super().launch(b, nbytes, kind)
         self._events[b][0].record()  # on the compute stream: the bucket is handed to the backend here
 
-    def launched(self, b: int, future):
+    def launched(self, b: int, future, work=None):
         self._end_range()
         self.stats.launch_order.append(b)
-        if isinstance(future, torch.futures.Future) and not future.done():  # a worker thread's:
+        if work is not None:  # the collective's own end event orders the timing stream
+            self._record_end(b, work)
+        elif isinstance(future, torch.futures.Future) and not future.done():  # a worker thread's:
             return future.then(functools.partial(self._record_end, b))  # recorded when it completes
-        self._record_end(b, future)
+        else:
+            self._record_end(b, future)
         return future
 
     def _record_end(self, b: int, future):
+        """`future`: a Work, a Works (ZeRO's reduce-scatter) or a future."""
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             future.wait()  # the timing stream waits for the collective, the host does not
             self._events[b][1].record()

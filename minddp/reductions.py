@@ -83,6 +83,10 @@ class Reduction:
     def shadow(self, b: int):
         return self._reduce(b, torch.zeros_like(self.layout.buckets[b].buffer))
 
+    def take_work(self):
+        """The Work of the collective `launch` just started, if the backend's own (for timing)."""
+        return self.reducer.take_work()
+
     def _reduce(self, b: int, buffer: torch.Tensor):
         raise NotImplementedError
 
@@ -146,6 +150,10 @@ class CommHook(Reduction):
 
     def launch(self, b: int):
         return self.hook(self.state, self._grad_buckets[b])
+
+    def take_work(self):
+        self.reducer.take_work()  # a hook may chain collectives: its future is what ends it
+        return None
 
     def _reduce(self, b: int, buffer: torch.Tensor):
         return self.hook(self.state, self._grad_bucket(self.layout.buckets[b], buffer))

@@ -139,3 +139,29 @@ def test_gloo_is_timed_on_the_host_clock_even_with_cuda_tensors():
     assert clock_for("cuda", "cpu:gloo,cuda:nccl") == "cuda-events"
     assert clock_for("cuda", "gloo") == "host"  # its futures carry no CUDA event
     assert clock_for("cpu", "gloo") == "host"
+
+
+def _works_handed_to_the_observer(rank, world, algorithm, hook):
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    ddp = minddp.DDP(MLP(), bucket_cap_mb=0.0001, algorithm=algorithm)
+    if hook:
+        ddp.register_comm_hook(None, lambda _, bucket: bucket.all_reduce(bucket.buffer()))
+    seen, launched = [], ddp.observer.launched
+    ddp.observer.launched = lambda b, fut, work=None: (seen.append(work), launched(b, fut, work))[1]
+    x, y = batch(0, world)
+    nn.functional.mse_loss(ddp(shard(x, rank)), shard(y, rank)).backward()
+    left = ddp.reduction.reducer._work
+    return [type(w).__name__ if w is None else isinstance(w, dist.Work) for w in seen], left is None
+
+
+@pytest.mark.parametrize("algorithm,hook,expected", [("native", False, True), ("ring", False, "NoneType"),
+                                                     ("native", True, "NoneType")])
+def test_the_observer_gets_the_native_collectives_own_work(algorithm, hook, expected):
+    """CudaObserver orders its timing stream after the collective's own Work (its end event, no
+    record of the bucket on that stream): the engine hands it over for the backend's all-reduce,
+    not for the from-scratch algorithms or a hook, and the reducer keeps none past the step."""
+    for works, none_left in multiproc.run(_works_handed_to_the_observer, 2, algorithm, hook):
+        assert len(works) > 1 and set(works) == {expected}
+        assert none_left
