@@ -1,11 +1,22 @@
-"""minddp: a minimal, from-scratch data-parallel training framework for PyTorch."""
+"""minddp: a minimal, from-scratch data-parallel training framework for PyTorch.
 
-from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
-from .ddp import DDP, DistributedDataParallel
-from .observer import CommStats
-from .optim import ReplicatedOptimizer
-from .overlap import OverlappedOptimizer
-from .zero import ShardedOptimizer
+Layers, each importing only those below it:
+
+    parallel/ comm/   process groups, device mesh, tensor parallelism; collectives from scratch
+    engine/           DistributedDataParallel: buckets, reductions, hooks, observer, join
+    optim/            optimizers over the engine: replicated, overlapped, ZeRO-1
+    perf/             cost model, memory model, sweeps: predicted and measured
+    train/            the Hydra trainer
+    tools/            `python -m minddp <tool>`: command lines over perf/ and train/
+"""
+
+from . import _moved
+from .engine.comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from .engine.ddp import DDP, DistributedDataParallel
+from .engine.observer import CommStats
+from .optim.overlap import OverlappedOptimizer
+from .optim.replicated import ReplicatedOptimizer
+from .optim.zero import ShardedOptimizer
 
 __all__ = [
     "DDP",
@@ -20,3 +31,4 @@ __all__ = [
     "fp16_compress_hook",
 ]
 __version__ = "0.4.0"
+_moved.install()  # old import paths (minddp.ddp, minddp.zero, ...) for one release

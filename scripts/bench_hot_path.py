@@ -30,7 +30,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minddp  # noqa: E402
-import minddp.comm_hooks as comm_hooks  # noqa: E402
+import minddp.engine.comm_hooks as comm_hooks  # noqa: E402
 from minddp.tools.workload import GPT_PRESETS, build  # noqa: E402
 
 

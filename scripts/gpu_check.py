@@ -48,7 +48,7 @@ RESULTS: dict[str, dict] = {}
 
 # ------------------------------------------------------------- verdicts (pure, tested on CPU)
 def union_length(intervals) -> float:
-    from minddp.observer import _union_length  # the union CommStats.busy_s uses (imported late:
+    from minddp.engine.observer import _union_length  # the union CommStats.busy_s uses (imported late:
     # this script must say "no torch" in one line before anything imports it)
     return _union_length(intervals)
 

@@ -29,8 +29,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import gpu_check as verdicts  # noqa: E402 - this folder is on sys.path (the script's own)
 
 import minddp  # noqa: E402
-from minddp import _compat, transfer  # noqa: E402
-from minddp.dist import exit_worker  # noqa: E402
+from minddp import _compat  # noqa: E402
+from minddp.engine import transfer  # noqa: E402
+from minddp.parallel.dist import exit_worker  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 2048, 8, 4096  # ~34M parameters: several 25 MiB buckets, real backward kernels
 KINDS = ("ddp", "optimizer_overlap", "fp16", "bf16", "zero1")

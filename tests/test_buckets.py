@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minddp.buckets import Layout, MiB, TensorSpec, assign_buckets, bucket_limits
+from minddp.engine.buckets import Layout, MiB, TensorSpec, assign_buckets, bucket_limits
 
 CPU = torch.device("cpu")
 
@@ -82,7 +82,7 @@ def test_flat_buffer_views_cover_parameters_and_tail():
 
 
 def test_union_of_bucket_intervals():
-    from minddp.observer import _union_length
+    from minddp.engine.observer import _union_length
 
     assert _union_length([]) == 0.0
     assert _union_length([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == 3.0

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
-from minddp import collectives as C
+from minddp.comm import collectives as C
 from tests import multiproc
 
 SIZES = [1, 2, 3, 7, 1000, 4097, 300_001]

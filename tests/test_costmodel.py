@@ -313,7 +313,7 @@ def _engine_buckets(rank, world_size):
     from torch import nn
 
     from minddp import DistributedDataParallel
-    from minddp.buckets import TensorSpec
+    from minddp.engine.buckets import TensorSpec
 
     model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(6)])
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.02)
@@ -323,6 +323,6 @@ def _engine_buckets(rank, world_size):
 
 
 def test_the_cost_models_buckets_are_the_engines():
-    """perf plans with minddp.buckets itself: the bytes per bucket the engine builds."""
+    """perf plans with minddp.engine.buckets itself: the bytes per bucket the engine builds."""
     planned, built = multiproc.run(_engine_buckets, 2)[0]
     assert len(planned) > 2 and planned == built, (planned, built)

@@ -17,9 +17,9 @@ from torch import nn
 from torch.testing import assert_close
 
 import minddp
-from minddp import transfer
-from minddp.buckets import MiB, TensorSpec, assign_buckets
-from minddp.usage import MAX_DEFER, UsageFlags
+from minddp.engine import transfer
+from minddp.engine.buckets import MiB, TensorSpec, assign_buckets
+from minddp.engine.usage import MAX_DEFER, UsageFlags
 from tests import multiproc
 from tests.multiproc import MLP, WithBN, assert_same_params, batch, params_of, shard
 

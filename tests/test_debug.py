@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minddp.dist import env_ranks
 from minddp.errors import ConfigError
+from minddp.parallel.dist import env_ranks
 from minddp.train import checkpoint, consistency, flight_recorder
 from tests import multiproc
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train

@@ -93,4 +93,4 @@ def test_wheel_carries_every_subpackage(tmp_path):
     names = zipfile.ZipFile(next(tmp_path.glob("minddp-*.whl"))).namelist()
     for module in MODULES.values():
         assert f"minddp/demos/{module}.py" in names
-    assert "minddp/ddp.py" in names
+    assert "minddp/engine/ddp.py" in names

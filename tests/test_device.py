@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minddp.dist import backend_for, pick_device, select_device
+from minddp.parallel.dist import backend_for, pick_device, select_device
 from minddp.tools import cli
 from tests.multiproc import free_port
 
@@ -50,8 +50,8 @@ def test_select_device_from_the_visible_count():
 
 
 def test_more_nccl_ranks_than_gpus_is_one_configuration_error():
-    from minddp.dist import check_ranks_per_gpu, local_world_size
     from minddp.errors import ConfigError
+    from minddp.parallel.dist import check_ranks_per_gpu, local_world_size
 
     with pytest.raises(ConfigError, match=r"2 ranks on this node but 1 GPU\(s\) visible.*--nproc_per_node=1"):
         check_ranks_per_gpu(2, 1, "nccl")
@@ -65,8 +65,8 @@ def test_more_nccl_ranks_than_gpus_is_one_configuration_error():
 
 def test_init_distributed_refuses_two_nccl_ranks_on_one_gpu_before_any_process_group(monkeypatch):
     """What `make train NPROC=2` on a one-GPU machine meets on every rank (each rank's env alike)."""
-    from minddp.dist import init_distributed
     from minddp.errors import ConfigError
+    from minddp.parallel.dist import init_distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -176,7 +176,7 @@ def test_a_script_that_never_destroys_its_process_group_has_it_destroyed_before_
     script = tmp_path / "script.py"
     script.write_text(
         "import atexit, torch, torch.distributed as dist\n"
-        "from minddp.dist import init_distributed\n"
+        "from minddp.parallel.dist import init_distributed\n"
         "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))  # runs last\n"
         "init_distributed()\n"
         "t = torch.ones(3); dist.all_reduce(t)\n" + ending)

@@ -119,10 +119,10 @@ def test_world_one_says_what_it_cannot_prove():
 
 def test_the_sync_watch_attributes_a_sync_to_minddps_innermost_frame():
     worker = _script("gpu_check_worker")
-    code = compile("def read():\n    return inner()\n", "/x/minddp/transfer.py", "exec")
+    code = compile("def read():\n    return inner()\n", "/x/minddp/engine/transfer.py", "exec")
     scope = {"inner": lambda: worker.minddp_frame(sys._getframe())}
     exec(code, scope)
-    assert scope["read"]() == "transfer.py:2"
+    assert scope["read"]() == "engine/transfer.py:2"
     assert worker.minddp_frame(sys._getframe()) is None  # this test file is not minddp's
 
 

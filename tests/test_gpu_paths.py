@@ -69,7 +69,7 @@ def test_bf16_auto_is_off_on_cpu_and_explicit_settings_win():
 class SyncSentinel(TorchFunctionMode):
     """Records every call from minddp code that would block the host on a CUDA tensor: reading
     a value (item, tolist, bool, float, int, numpy, cpu) or building a tensor from host data
-    (torch.tensor: a pageable host-to-device copy). minddp/transfer.py is the one place allowed
+    (torch.tensor: a pageable host-to-device copy). minddp/engine/transfer.py is the one place allowed
     to, with pinned memory and non_blocking copies (read there by eye). An explicit wait
     (Event.synchronize, Stream.synchronize, torch.cuda.synchronize) from minddp code counts
     everywhere, transfer.py included: those are not torch functions, so the sentinel counts

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import minddp
-from minddp.observer import clock_for
+from minddp.engine.observer import clock_for
 from tests import multiproc
 from tests.multiproc import MLP, batch, shard
 

@@ -3,7 +3,7 @@
 import pytest
 import torch.distributed as dist
 
-from minddp.mesh import Mesh, ParallelDims
+from minddp.parallel.mesh import Mesh, ParallelDims
 from tests import multiproc
 
 

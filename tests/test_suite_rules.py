@@ -22,40 +22,16 @@ def test_no_test_module_imports_another(path):
 
 
 PKG = ROOT / "minddp"
-# the layers below the engine, and the package root's own files: never counted as engine
-BELOW = {"collectives", "dist", "mesh", "tensor_parallel", "gradnorm", "_compat", "errors", "__init__"}
-OPTIM = ("optim", "replicated", "overlap", "zero", "zero_state")  # the optimizers' modules
-
-
-def _root_imports(path) -> set[str]:
-    """Modules of the package root that `path` imports relatively (`from . import x`, `from .x import`)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names |= {a.name for a in node.names} if node.module is None else {node.module.split(".")[0]}
-    return names
+# the layers, bottom up: a module imports only from its own layer or those below it
+LAYERS = {"parallel": 0, "comm": 0, "engine": 1, "optim": 2, "perf": 3, "train": 4, "tools": 5, "demos": 5}
 
 
 def engine_files() -> list:
-    """The engine: minddp/engine/ once it is a folder; before, the root modules minddp/ddp.py
-    reaches by relative imports, less the layers below it and the optimizers."""
-    if (PKG / "engine").is_dir():
-        return sorted((PKG / "engine").glob("*.py"))
-    seen, todo = set(), ["ddp"]
-    while todo:
-        name = todo.pop()
-        if name in seen or name in BELOW or name in OPTIM or not (PKG / f"{name}.py").is_file():
-            continue
-        seen.add(name)
-        todo += sorted(_root_imports(PKG / f"{name}.py"))
-    return sorted(PKG / f"{n}.py" for n in seen)
+    return sorted((PKG / "engine").glob("*.py"))
 
 
 def optim_files() -> list:
-    """The optimizers: minddp/optim/ once it is a folder, else their modules at the root."""
-    if (PKG / "optim").is_dir():
-        return sorted((PKG / "optim").glob("*.py"))
-    return [PKG / f"{n}.py" for n in OPTIM if (PKG / f"{n}.py").is_file()]
+    return sorted((PKG / "optim").glob("*.py"))
 
 
 def lines(paths) -> int:
@@ -64,9 +40,8 @@ def lines(paths) -> int:
 
 def test_the_engine_is_found_where_it_lives():
     names = {p.stem for p in engine_files()}
-    assert {"ddp", "buckets"} <= names, names  # the core and its bucket plan, wherever they moved
-    assert not names & {"costmodel", "collectives", "dist", "zero"}, names  # not other layers
-    assert {p.stem for p in optim_files()} >= {"overlap", "zero"}
+    assert {"ddp", "buckets", "reductions", "observer", "checks"} <= names, names
+    assert {p.stem for p in optim_files()} >= {"replicated", "overlap", "zero"}
 
 
 def test_the_engine_stays_small_enough_to_read():
@@ -91,6 +66,8 @@ def test_the_tools_are_smaller_than_the_engine_and_the_optimizers():
     assert tools < engine + optim, f"tools {tools} lines, engine {engine} + optimizers {optim}"
 
 
+
+
 def _imported(path) -> set[str]:
     """Absolute names of the minddp modules `path` imports (relative imports resolved)."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
@@ -110,6 +87,21 @@ def test_perf_never_imports_the_trainer_or_the_tools(path):
     """Dependencies one way: perf reads the engine and the optimizers; the tools read perf."""
     bad = sorted(n for n in _imported(path) if n.startswith(("minddp.train", "minddp.tools")))
     assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(p for layer in LAYERS for p in (PKG / layer).rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_dependencies_go_one_way(path):
+    """parallel/comm -> engine -> optim -> perf -> train -> tools: never upwards."""
+    own = LAYERS[path.relative_to(PKG).parts[0]]
+    above = sorted(n for n in _imported(path) if LAYERS.get(n.split(".")[1] if "." in n else "", -1) > own)
+    assert not above, f"{path.relative_to(PKG)} imports {above} from a layer above its own"
+
+
+def test_the_package_root_holds_only_the_entry_points():
+    """Everything else lives in its layer's folder (minddp/_moved.py answers the old paths)."""
+    root = {p.name for p in PKG.glob("*.py")}
+    assert root == {"__init__.py", "__main__.py", "_compat.py", "_moved.py", "errors.py"}, root
 
 
 def test_the_import_check_resolves_relative_imports():

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from torch.testing import assert_close
 
 import minddp
-from minddp import tensor_parallel as tp
+from minddp.parallel import tensor_parallel as tp
 from minddp.train.model import GPT, GPTConfig
 from tests import multiproc
 

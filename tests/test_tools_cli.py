@@ -135,7 +135,7 @@ def test_costmodel_help_documents_every_subcommand(capsys, monkeypatch):
 
 
 def test_a_tools_configuration_error_is_one_line_and_exit_2(monkeypatch, capsys):
-    """e.g. more nccl ranks than GPUs (minddp.dist) raised inside a tool: no traceback."""
+    """e.g. more nccl ranks than GPUs (minddp.parallel.dist) raised inside a tool: no traceback."""
     import sys
     import types
 

@@ -122,7 +122,7 @@ def _rebuild_releases(rank, world_size, sharded):
     refs = [weakref.ref(t) for t in (old.flat_params or []) + [b.buffer for b in old.buckets]]
     old_buckets = [weakref.ref(b) for b in old.buckets]
     del old
-    import minddp.ddp as engine
+    import minddp.engine.ddp as engine
 
     alive_at_rebuild, real_layout = [], engine.Layout
 

@@ -6,7 +6,7 @@ import importlib
 import torch.distributed as dist
 
 from minddp.demos import DEMOS, MODULES
-from minddp.dist import init_distributed, shutdown
+from minddp.parallel.dist import init_distributed, shutdown
 
 
 def main(argv=None) -> None:

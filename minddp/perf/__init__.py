@@ -1,7 +1,7 @@
 """Performance: what communication and memory cost, predicted and measured. One of each.
 
     costmodel    alpha-beta formulas, fabric presets, `Calibration`, a DDP step's predicted busy
-                 and exposed communication, bucket advice; buckets from minddp.buckets' own plan
+                 and exposed communication, bucket advice; buckets from minddp.engine.buckets' own plan
     memory       memory per rank (the one model), the bench-memory configurations, optimizer-state
                  bytes, `PeakMeter` and one rank's peak run
     sweep        the nccl-tests-style collective sweep (every result checked) and the alpha-beta fit

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..ddp import DistributedDataParallel
+from ..engine.ddp import DistributedDataParallel
 from .clock import PhaseClock, after_warmup, timed
 from .costmodel import BUCKET_OPS, simulate_buckets
 from .engine_cost import per_bucket_cost

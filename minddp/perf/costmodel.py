@@ -9,7 +9,7 @@ in seconds, beta (link bandwidth) in bytes per second. GB = 1e9 bytes, MB = 1e6
     all-to-all                 (n-1) a +  (n-1)/n * M/b
     broadcast, reduce     ceil(log2 n) a +          M/b   (pipelined tree)
     tree all-reduce       2 ceil(log2 n) a + 2 M/b         (reduce then broadcast, pipelined)
-    tree all-reduce, whole messages  2 ceil(log2 n) (a + M/b)   (minddp.collectives.tree_all_reduce)
+    tree all-reduce, whole messages  2 ceil(log2 n) (a + M/b)   (minddp.comm.collectives.tree_all_reduce)
     in-switch (NVLS, SHARP)   2 a +              M/b   (the switch reduces: half a ring's traffic)
     recursive doubling      ceil(log2 n) (a + M/b)
 
@@ -17,7 +17,7 @@ ZeRO-1 moves the same bytes as DDP's all-reduce (a reduce-scatter in backward, a
 after the step) and keeps 1/dp of the optimizer states per rank:
     memory per rank = weights + gradients + optimizer states / dp
 
-Buckets are the engine's own (minddp.buckets.assign_buckets); memory per rank is
+Buckets are the engine's own (minddp.engine.buckets.assign_buckets); memory per rank is
 minddp.perf.memory's. From the command line: `minddp costmodel` (minddp/tools/costmodel.py).
 
     minddp costmodel allreduce --size 512MB --n 16 --alpha-us 5 --beta-gbs 50
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..buckets import TensorSpec, assign_buckets
+from ..engine.buckets import TensorSpec, assign_buckets
 from .memory import memory_per_rank  # noqa: F401  (the memory model: one, in perf/memory.py)
 
 
@@ -247,7 +247,7 @@ def simulate_buckets(bucket_bytes: list[float], alone_s: list[float], backward_s
 
 def bucket_bytes(total: float, cap_mb: float | None, tensor_bytes: float | None = None) -> list[float]:
     """Bucket sizes for `total` bytes in fp32 tensors of about `tensor_bytes` each (100 tensors
-    if not given), planned by the engine's own rule (minddp.buckets.assign_buckets: MiB, a
+    if not given), planned by the engine's own rule (minddp.engine.buckets.assign_buckets: MiB, a
     bucket closes once it reaches the cap, 1 MiB first when no cap is given)."""
     step = int(tensor_bytes or total / 100) // 4 * 4 or 4
     n, rest = divmod(int(total), step)
@@ -260,7 +260,7 @@ def planned_bytes(specs: list[TensorSpec], cap_mb: float | None,
                   order: list[int] | None = None) -> list[float]:
     """Each bucket's bytes, in launch order, as the engine plans these tensors (`order`: the
     order gradients become ready, default as given; the engine's first plan is reversed
-    registration order): minddp.buckets.assign_buckets itself, the one planner."""
+    registration order): minddp.engine.buckets.assign_buckets itself, the one planner."""
     plan = assign_buckets(specs, list(range(len(specs))) if order is None else order, cap_mb)
     return [float(sum(specs[i].nbytes for i in ids)) for ids in plan]
 

@@ -16,9 +16,9 @@ import copy
 import torch
 from torch import nn
 
-from ..ddp import DistributedDataParallel
-from ..overlap import OverlappedOptimizer
-from ..zero import ShardedOptimizer
+from ..engine.ddp import DistributedDataParallel
+from ..optim.overlap import OverlappedOptimizer
+from ..optim.zero import ShardedOptimizer
 from .clock import PhaseClock, interleaved, sync, timed
 from .engine_cost import torch_buckets
 from .memory import state_bytes

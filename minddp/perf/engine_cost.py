@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from .. import _compat
-from ..ddp import DistributedDataParallel
+from ..engine.ddp import DistributedDataParallel
 from .clock import after_warmup, timed
 
 

@@ -70,9 +70,9 @@ def configuration(config: str, model, device):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from ..ddp import DistributedDataParallel as DDP
-    from ..overlap import OverlappedOptimizer
-    from ..zero import ShardedOptimizer
+    from ..engine.ddp import DistributedDataParallel as DDP
+    from ..optim.overlap import OverlappedOptimizer
+    from ..optim.zero import ShardedOptimizer
 
     kw = {"lr": 1e-4, "weight_decay": 0.1, "fused": device.type in ("cpu", "cuda")}
     ids = [device.index] if device.type == "cuda" else None

@@ -15,13 +15,13 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from .. import collectives as C
+from ..comm import collectives as C
 from .clock import timed
 from .costmodel import busbw_factor, coefficients
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
        "ring_all_reduce", "rs_ag_all_reduce", "tree_all_reduce",
-       "zero1_reduce_scatter", "zero1_all_gather"]  # ZeRO-1's in place (minddp.collectives)
+       "zero1_reduce_scatter", "zero1_all_gather"]  # ZeRO-1's in place (minddp.comm.collectives)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 

@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.nn import functional as F
 
-from ..dist import exit_worker
+from ..parallel.dist import exit_worker
 from ..perf.clock import Clock, interleaved, timed
 from ..train.config import register
 from ..train.trainer import Trainer, build_model
@@ -137,7 +137,7 @@ def main() -> None:
             render.write(args.out, blocks, {"ratios": ratios, "medians_s": medians, "parts_s": spent})
     trainer.tracker.close()
     dist.destroy_process_group()
-    exit_worker()  # the trainer turned torch's flight recorder on: see minddp.dist.exit_worker
+    exit_worker()  # the trainer turned torch's flight recorder on: see minddp.parallel.dist.exit_worker
 
 
 def report(args, trainer, medians, ratios, spent) -> list:

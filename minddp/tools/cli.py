@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..dist import DistInfo, init_distributed
+from ..parallel.dist import DistInfo, init_distributed
 from ..perf.clock import timing_strategy  # noqa: F401  (how the tools' reports say they timed)
 
 BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}

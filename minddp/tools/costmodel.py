@@ -145,7 +145,7 @@ def explain_tree(n: int, fab: Fabric) -> str:
     return (f"{n} ranks, alpha {fab.alpha * 1e6:g} us, beta {fab.beta / 1e9:g} GB/s: latency 2(n-1)a for "
             f"the ring against 2 ceil(log2 n) a for a tree.\n"
             f"  a pipelined tree beats the ring below {piped / 1e6:.3f} MB\n"
-            f"  a whole-message tree (minddp.collectives.tree_all_reduce) beats it below "
+            f"  a whole-message tree (minddp.comm.collectives.tree_all_reduce) beats it below "
             f"{whole / 1e6:.3f} MB")
 
 

@@ -136,7 +136,7 @@ def study_params() -> tuple[torch.Tensor, ...]:
 def study_buckets(cap: float, count: int, nbytes: int) -> tuple[float, ...]:
     """The engine's bucket sizes (launch order) for the study's GPT at `cap`; equal shares of
     the measured bytes where the run had another number of buckets."""
-    from ..buckets import TensorSpec, assign_buckets
+    from ..engine.buckets import TensorSpec, assign_buckets
 
     params = study_params()
     plan = assign_buckets([TensorSpec.of(p) for p in params], list(reversed(range(len(params)))), cap)

@@ -48,7 +48,7 @@ def compiled(model, how: str):
 
 def main(argv=None) -> None:
 
-    from ..ddp import DistributedDataParallel
+    from ..engine.ddp import DistributedDataParallel
     from ..train.model import GPT
 
     ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
@@ -95,9 +95,9 @@ def zero1_timeline(args, device) -> None:
     all-gather from its launch in the step to its completion, the waits it cost the forward
     (exposed all-gather), and the next backward's reduce-scatters."""
 
-    from ..ddp import DistributedDataParallel
+    from ..engine.ddp import DistributedDataParallel
+    from ..optim.zero import ShardedOptimizer
     from ..train.model import GPT
-    from ..zero import ShardedOptimizer
 
     torch.manual_seed(0)
     cfg = bench_gpt(args.n_layer, args.n_embd)

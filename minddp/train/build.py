@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from ..optim import ReplicatedOptimizer
-from ..overlap import OverlappedOptimizer
-from ..zero import ShardedOptimizer
+from ..optim.overlap import OverlappedOptimizer
+from ..optim.replicated import ReplicatedOptimizer
+from ..optim.zero import ShardedOptimizer
 from .model import GPT, MLP, GPTConfig, MLPConfig
 
 

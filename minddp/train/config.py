@@ -132,7 +132,7 @@ class DDPConfig:
     broadcast_buffers: bool = True
     reduce_op: str = "avg"
     compress: Optional[str] = None  # null | fp16 | bf16
-    algorithm: str = "native"  # native | ring | rs_ag | tree | hierarchical (minddp.collectives)
+    algorithm: str = "native"  # native | ring | rs_ag | tree | hierarchical (minddp.comm.collectives)
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL: collective fingerprints (or MINDDP_DEBUG=1)
 
 
@@ -206,7 +206,7 @@ def default_run_dir(prefix: str = "outputs", resume: str | None = None) -> str:
 
 def validate(cfg, world_size: int) -> dict:
     """Checks that need the world size; returns derived values. Raises ConfigError naming the fix."""
-    from ..mesh import ParallelDims
+    from ..parallel.mesh import ParallelDims
 
     try:
         dims = ParallelDims(world_size, cfg.mesh.tp)
@@ -322,7 +322,7 @@ def _data_problems(cfg):
 
 def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
-    from ..ddp_checks import option_problems
+    from ..engine.checks import option_problems
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,

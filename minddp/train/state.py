@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import tensor_parallel as tp
+from ..parallel import tensor_parallel as tp
 from . import checkpoint, flight_recorder
 
 

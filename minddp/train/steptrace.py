@@ -110,7 +110,7 @@ NO_TRACE = _NoTrace()
 
 
 def _gathers(events: list[tuple]) -> tuple[list, list]:
-    """ZeRO-1's all-gathers (minddp.zero), launched by a step and waited for by the next
+    """ZeRO-1's all-gathers (minddp.optim.zero), launched by a step and waited for by the next
     forward: (comm bars from launch to done, compute spans the forward spent waiting). A
     gather launched before the trace started starts at 0; one still running ends at the
     last event."""

@@ -27,11 +27,12 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
-from .. import _compat, transfer
-from .. import tensor_parallel as tp
-from ..ddp import DistributedDataParallel
-from ..dist import env_ranks, init_distributed
-from ..mesh import Mesh
+from .. import _compat
+from ..engine import transfer
+from ..engine.ddp import DistributedDataParallel
+from ..parallel import tensor_parallel as tp
+from ..parallel.dist import env_ranks, init_distributed
+from ..parallel.mesh import Mesh
 from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
 from . import identity as ident_
 from .atomic import atomic_write

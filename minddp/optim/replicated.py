@@ -1,8 +1,8 @@
 """One optimizer protocol over the engine, whatever holds the optimizer states.
 
-    ReplicatedOptimizer   every rank steps every parameter (torch DDP's way)      minddp.optim
-    ShardedOptimizer      each rank steps its 1/n shard, then all-gathers (ZeRO-1) minddp.zero
-    OverlappedOptimizer   each bucket stepped as soon as it is reduced             minddp.overlap
+    ReplicatedOptimizer   every rank steps every parameter (torch DDP's way)      minddp.optim.replicated
+    ShardedOptimizer      each rank steps its 1/n shard, then all-gathers (ZeRO-1) minddp.optim.zero
+    OverlappedOptimizer   each bucket stepped as soon as it is reduced             minddp.optim.overlap
 
 All three take `(ddp, optimizer_class, params=None, tp_group=None, tp_size=1, **defaults)` and
 offer the same calls, so a training loop never asks which one it has:
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _compat
-from . import tensor_parallel as tp
+from .. import _compat
+from ..parallel import tensor_parallel as tp
 
 
 class ReplicatedOptimizer:

@@ -21,8 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _compat
-from .errors import ConfigError
+from .. import _compat
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .collectives import broadcast_coalesced
+from ..comm.collectives import broadcast_coalesced
 
 
 def synced_buffers(module: nn.Module, ignored) -> list[torch.Tensor]:

@@ -4,7 +4,7 @@ The engine (ddp.py) holds one `Reduction` and calls only its interface (bind, la
 finish, shadow, usage_flags, replicas, with_hook): `AllReduce` (the default),
 `CompressedAllReduce` (`compress="fp16"/"bf16"`), `CommHook` (`register_comm_hook`),
 `ReduceScatter` (ZeRO-1, `shard_optimizer=True`). How the all-reduce itself runs (native,
-ring, tree, ...) is the `BucketReducer`'s (minddp.comm_hooks), shared by all of them.
+ring, tree, ...) is the `BucketReducer`'s (minddp.engine.comm_hooks), shared by all of them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import collectives
+from ..comm import collectives
 from .comm_hooks import BucketReducer, GradBucket, compressed
 
 
@@ -104,7 +104,7 @@ class Reduction:
 
 class AllReduce(Reduction):
     """The bucket in its own dtype, in place: the backend's all-reduce, or one of
-    minddp.collectives' algorithms (ring, tree, ...) on the reducer's worker thread. The average's
+    minddp.comm.collectives' algorithms (ring, tree, ...) on the reducer's worker thread. The average's
     1/n is applied as gradients are copied into the bucket (`copy_in`), not in a pass of its own."""
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
@@ -160,7 +160,7 @@ class CommHook(Reduction):
 
 
 class ReduceScatter(Reduction):
-    """ZeRO-1 (minddp.zero): each rank receives the average of its 1/n shard of the bucket,
+    """ZeRO-1 (minddp.optim.zero): each rank receives the average of its 1/n shard of the bucket,
     in place. Parameters live in flat buffers laid out like the buckets (layout.flat_params),
     so a shard of them can be stepped and all-gathered."""
 

@@ -8,7 +8,7 @@ backward, no_sync() ones included (`used_unsynced`, torch's rule), so every rank
 same averaged gradient.
 
 Nothing here blocks the host: the flags go in from pinned memory and come back to it without
-waiting (minddp.transfer). A later forward reads them once their copy has landed (an event
+waiting (minddp.engine.transfer). A later forward reads them once their copy has landed (an event
 query, no wait) and raises on every rank if some rank left a parameter unused, where torch
 DDP raises too; a copy still in flight is looked at again at the next forwards, and waited
 for at the `MAX_DEFER`-th, so the error comes on every rank within a bounded number of steps.
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import collections
 
-from . import ddp_checks as checks
-from . import transfer
+from . import checks, transfer
 
 MAX_DEFER = 2  # forwards a usage check may wait for its flags' copy to land, before it waits
 

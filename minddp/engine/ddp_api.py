@@ -1,4 +1,4 @@
-"""What DistributedDataParallel shows a script beside the step (minddp.ddp is the step itself).
+"""What DistributedDataParallel shows a script beside the step (minddp.engine.ddp is the step itself).
 
 The constructor takes torch DDP's arguments in torch 2.13's order (`device_ids`, `output_device`,
 `dim`, `broadcast_buffers`, `init_sync`, `process_group`, `bucket_cap_mb`,
@@ -18,7 +18,7 @@ micro-step), `require_forward_param_sync`, `module`, `process_group`, `bucket_ca
 `find_unused_parameters`, `forward_sync_buffers` (and its deprecated name `broadcast_buffers`),
 `no_sync()`, `join()`, `register_comm_hook()`, the static method
 `_set_params_and_buffers_to_ignore_for_model`; the wrapper pickles (`torch.save`,
-`copy.deepcopy`) as torch's does (minddp.pickling). minddp's own: `comm_stats`, `trace`,
+`copy.deepcopy`) as torch's does (minddp.engine.pickling). minddp's own: `comm_stats`, `trace`,
 `bucket_assignment`, `layout`, `grad_norm()`, `clip_grad_norm_()`, `on_reduced`, `on_rebuild`.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ddp_checks as checks
-from . import gradnorm, pickling
+from ..parallel import gradnorm
+from . import checks, pickling
 from .observer import CommStats
 
 
@@ -83,7 +83,7 @@ class PublicAPI:
 
     @property
     def comm_stats(self) -> CommStats:
-        """The last synchronised iteration's communication (see minddp.observer)."""
+        """The last synchronised iteration's communication (see minddp.engine.observer)."""
         return self.observer.read()
 
     @property

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from . import _compat
-from .collectives import broadcast_coalesced
+from .. import _compat
+from ..comm.collectives import broadcast_coalesced
 
 
 class Join:

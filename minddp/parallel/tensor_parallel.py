@@ -218,7 +218,7 @@ def _like_param(v) -> bool:
 
 
 def grad_norm(params, group=None, tp_size: int = 1) -> torch.Tensor:
-    """Global L2 norm of the gradients of the whole (unsplit) model (minddp.gradnorm): sharded
+    """Global L2 norm of the gradients of the whole (unsplit) model (minddp.parallel.gradnorm): sharded
     gradients' squares are summed over the tp group, replicated ones counted once. No host sync."""
     return gradnorm.grad_norm(**_norm_args(params, group, tp_size))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .optim import BucketSteps, ReplicatedOptimizer
+from .replicated import BucketSteps, ReplicatedOptimizer
 
 
 class OverlappedOptimizer(ReplicatedOptimizer):
@@ -69,4 +69,4 @@ class OverlappedOptimizer(ReplicatedOptimizer):
         self.steps_taken = 0
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        return self.ddp.clip_grad_norm_(max_norm)  # refused, naming why (ddp_checks.check_clip)
+        return self.ddp.clip_grad_norm_(max_norm)  # refused, naming why (checks.check_clip)

@@ -1,9 +1,9 @@
 """How one bucket is all-reduced: the algorithm (`BucketReducer`) and torch-style comm hooks.
 
 `BucketReducer` starts a bucket's all-reduce with the engine's group and averaging rule, by
-the backend (native) or one of minddp.collectives' algorithms (a table, `ALGORITHMS`). The
+the backend (native) or one of minddp.comm.collectives' algorithms (a table, `ALGORITHMS`). The
 engine's ways of reducing a bucket (all-reduce, compressed, a hook, ZeRO-1's reduce-scatter)
-are minddp.reductions'.
+are minddp.engine.reductions'.
 
 A hook has torch DDP's shape, `hook(state, bucket) -> Future`: it gets a
 `GradBucket` and returns a future whose value is the reduced bucket, as a tensor
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import collectives
+from ..comm import collectives
 
 
 def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str,
@@ -33,7 +33,7 @@ def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str,
     group, then SUM (never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out NVLS on
     NVSwitch machines and sums in another order than torch DDP). The pre-division also keeps
     fp16 from overflowing. `prescaled`: the 1/size was applied already (fused into the copy of
-    each gradient into its bucket, minddp.reductions), so no pass over the bucket here.
+    each gradient into its bucket, minddp.engine.reductions), so no pass over the bucket here.
 
     The future is torch's own (its value is `[tensor]`): no Python callback is
     chained here, because each one costs a GIL round trip on the comm thread.
@@ -49,7 +49,7 @@ def all_reduce_work(tensor: torch.Tensor, group, reduce_op: str, prescaled: bool
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
-# minddp.collectives' from-scratch all-reduces, each (tensor, group-or-node-groups, "sum")
+# minddp.comm.collectives' from-scratch all-reduces, each (tensor, group-or-node-groups, "sum")
 ALGORITHMS = {
     "native": None,  # the backend's own all_reduce(async_op=True)
     "ring": collectives.ring_all_reduce,
@@ -63,7 +63,7 @@ class BucketReducer:
     """Starts the all-reduce of one bucket and returns a future.
 
     "native" is the library's `all_reduce(async_op=True)`. The from-scratch algorithms of
-    `minddp.collectives` are blocking calls made of smaller collectives:
+    `minddp.comm.collectives` are blocking calls made of smaller collectives:
     - on NCCL they run right here, on the calling (autograd) thread, on their own CUDA stream
       that first waits for the compute stream (the gradients are final there): NCCL calls are
       asynchronous for the host anyway, and one issuing thread keeps every NCCL call (these and

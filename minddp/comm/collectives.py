@@ -25,7 +25,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _compat
+from .. import _compat
 
 OPS = ("sum", "avg")
 

@@ -18,26 +18,26 @@ One iteration, read top to bottom in this file (a forward outside `no_sync()`, t
    launches what is left (buckets with unused parameters, or everything when
    overlap=False), waits for every bucket in order, and copies the usage flags carried by
    the last bucket to the host without waiting; a later forward reads them once landed and
-   raises on every rank if some rank left a parameter unused (minddp.usage; torch DDP raises
+   raises on every rank if some rank left a parameter unused (minddp.engine.usage; torch DDP raises
    there too). After the first iteration the buckets are rebuilt once in the observed
    gradient-ready order (rank 0's, broadcast: `rebuild`). `on_reduced(fn)` callbacks run
-   with b right after bucket b's wait, later buckets still in flight (minddp.overlap steps
+   with b right after bucket b's wait, later buckets still in flight (minddp.optim.overlap steps
    bucket b there); `on_rebuild(fn)` ones with the old layout before a rebuild drops it.
 
 When `loss.backward()` returns, every `param.grad` holds the average over ranks.
 
 Everything else sits beside the engine behind a small seam, so this file is only the above:
-- how a bucket is reduced is a strategy object, `self.reduction` (minddp.reductions:
+- how a bucket is reduced is a strategy object, `self.reduction` (minddp.engine.reductions:
   all-reduce, 16-bit compressed all-reduce, a comm hook, ZeRO-1's reduce-scatter); the
   algorithm (native, ring, tree, ...) is its reducer's;
 - what is recorded (CommStats, host or CUDA-event timing, `trace`, profiler ranges) is the
-  observer's (minddp.observer), called at launch, done and wait;
-- uneven inputs are minddp.join's (`self.uneven` inside `join()`); usage flags minddp.usage's;
-- where every gradient lives is `self.layout` (minddp.buckets.Layout), the public map
-  ZeRO-1 (minddp.zero) reads; gradient norms are minddp.gradnorm's.
+  observer's (minddp.engine.observer), called at launch, done and wait;
+- uneven inputs are minddp.engine.join's (`self.uneven` inside `join()`); usage flags minddp.engine.usage's;
+- where every gradient lives is `self.layout` (minddp.engine.buckets.Layout), the public map
+  ZeRO-1 (minddp.optim.zero) reads; gradient norms are minddp.parallel.gradnorm's.
 
 The constructor's arguments (torch DDP's, in torch's order, then minddp's own) and what a script
-reads or sets beside the step (torch's attributes, pickling, comm_stats, ...): minddp.ddp_api.
+reads or sets beside the step (torch's attributes, pickling, comm_stats, ...): minddp.engine.ddp_api.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _compat, replicas
-from . import ddp_checks as checks
+from .. import _compat
+from ..comm.collectives import broadcast_coalesced
+from . import checks, replicas
 from . import join as _join
 from .buckets import Layout, TensorSpec, assign_buckets
-from .collectives import broadcast_coalesced
 from .comm_hooks import BucketReducer
 from .ddp_api import PublicAPI
 from .observer import observer_for
@@ -112,7 +112,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
         self.bucket_cap_mb_list = bucket_cap_mb_list  # torch 2.13: a cap per bucket (the last repeats)
         self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
-        self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.overlap
+        self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.optim.overlap
         self.find_unused_parameters = find_unused_parameters
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params and find_unused_parameters
         self.batched_grad_copy = batched_grad_copy  # accepted: each gradient is one copy already
@@ -166,7 +166,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
 
     @property
     def module_buffers(self) -> list[torch.Tensor]:
-        """The buffers each forward broadcasts, re-read each time (minddp.replicas)."""
+        """The buffers each forward broadcasts, re-read each time (minddp.engine.replicas)."""
         return replicas.synced_buffers(self.module, self._ignored)
 
     def _build_layout(self, order: list[int]) -> None:
@@ -189,7 +189,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
     def forward(self, *args, **kwargs):
         if self._retired:
             checks.retired_error()
-        self.usage.check()  # the last backwards' usage flags, once landed (minddp.usage)
+        self.usage.check()  # the last backwards' usage flags, once landed (minddp.engine.usage)
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         bcast = self.require_forward_param_sync and self.forward_sync_buffers and self.world_size > 1
         src = self.src_rank
@@ -269,7 +269,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
                     p.grad = view
         flags = bucket.buffer[-len(self.params):] if b == len(self.layout.buckets) - 1 else None
         if flags is not None:
-            self.usage.write(flags, self._ready)  # minddp.usage
+            self.usage.write(flags, self._ready)  # minddp.engine.usage
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
         if self.skip_all_reduce_unused_params and self.usage.unused_here(bucket):  # the flags only
             future = _Skipped(self.reduction.reducer(flags) if flags is not None else None)
@@ -339,7 +339,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False):
         """Uneven inputs (torch's `Join`, torch's arguments): wrap the training loop; a rank that
-        runs out of data shadows the others' collectives until every rank is done (minddp.join).
+        runs out of data shadows the others' collectives until every rank is done (minddp.engine.join).
         Gradients are averaged over the initial world size, or over the ranks still training."""
         return _join.join(self, enable=enable, throw_on_early_termination=throw_on_early_termination,
                           divide_by_initial_world_size=divide_by_initial_world_size)

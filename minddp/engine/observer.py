@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _compat
+from .. import _compat
 
 
 @dataclass

@@ -127,7 +127,7 @@ class Bucket:
 
 def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int) -> Bucket:
     """One zeroed flat buffer for parameters `ids`, `extra` elements after them (the last
-    bucket's usage flags, minddp.usage), its length padded to a multiple of `pad_to` (the
+    bucket's usage flags, minddp.engine.usage), its length padded to a multiple of `pad_to` (the
     world size, when buckets are reduce-scattered into equal shards)."""
     offsets, numels, pos = [], [], 0
     for i in ids:

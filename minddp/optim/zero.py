@@ -24,7 +24,7 @@ launched right after the step and waited for just before the first module that u
 its next forward, so it overlaps the earlier layers' forward.
 
 `state_dict()` is the unsharded optimizer's (full per-parameter tensors, torch's indices),
-so checkpoints load with or without sharding and at any number of ranks (minddp.zero_state).
+so checkpoints load with or without sharding and at any number of ranks (minddp.optim.zero_state).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import collectives, gradnorm, zero_state
-from .optim import BucketSteps
-from .overlap import OverlappedOptimizer  # noqa: F401 - its old home (minddp.zero.OverlappedOptimizer)
+from ..comm import collectives
+from ..parallel import gradnorm
+from . import zero_state
+from .overlap import OverlappedOptimizer  # noqa: F401 - its old home (minddp.optim.zero.OverlappedOptimizer)
+from .replicated import BucketSteps
 
 
 @dataclass
@@ -233,7 +235,7 @@ class ShardedOptimizer:
 
     # ------------------------------------------------------- gradient norm
     def grad_norm(self, tp_group=None, tp_size: int | None = None) -> torch.Tensor:
-        """Global L2 norm from the shards (minddp.gradnorm: squares summed over dp, and over tp
+        """Global L2 norm from the shards (minddp.parallel.gradnorm: squares summed over dp, and over tp
         for tensor-parallel-sharded parameters); no host sync."""
         return gradnorm.grad_norm(**self._norm_args(tp_group, tp_size))
 

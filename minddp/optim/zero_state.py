@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _compat
+from .. import _compat
 
 
 def unsharded(ddp, optim, segments, group_params) -> dict:
