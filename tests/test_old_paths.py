@@ -20,7 +20,8 @@ def test_an_old_path_is_the_module_at_its_new_home_with_a_warning(old, new):
         from minddp.perf import costmodel
         from minddp.tools.costmodel import parse_size
 
-        assert module.ring_all_reduce_time is costmodel.ring_all_reduce_time and module.parse_size is parse_size
+        assert module.ring_all_reduce_time is costmodel.ring_all_reduce_time
+        assert module.parse_size is parse_size
     else:
         assert module is importlib.import_module(f"minddp.{new}")
         assert module.__spec__.name == f"minddp.{new}"  # its own spec kept
@@ -30,11 +31,13 @@ def test_old_names_of_public_classes_still_import():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from minddp.ddp import DistributedDataParallel
-        from minddp.optim import OverlappedOptimizer, ReplicatedOptimizer, ShardedOptimizer
         from minddp.zero import ShardedOptimizer as Old
 
+        from minddp.optim import OverlappedOptimizer, ReplicatedOptimizer, ShardedOptimizer
+
     assert DistributedDataParallel is minddp.DDP and Old is ShardedOptimizer
-    assert ReplicatedOptimizer is minddp.ReplicatedOptimizer and OverlappedOptimizer is minddp.OverlappedOptimizer
+    assert ReplicatedOptimizer is minddp.ReplicatedOptimizer
+    assert OverlappedOptimizer is minddp.OverlappedOptimizer
 
 
 def test_a_name_that_never_existed_is_still_an_import_error():
