@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from minddp.train import checkpoint  # noqa: E402
-from tests.conftest import BIN, env_for, metrics, run_train, wait_for_step  # noqa: E402
-from tests.multiproc import free_port  # noqa: E402
+from tests.conftest import BIN, metrics  # noqa: E402
+from tests.launch import env_for, free_port, run_train, wait_for_step  # noqa: E402
 from tests.test_resume_edges import corrupt  # noqa: E402
 
 # ~1.8M parameters: a checkpoint of ~22 MB, whose write takes long enough to be killed in

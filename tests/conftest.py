@@ -6,21 +6,16 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 import json  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests import forked  # noqa: E402
-from tests.multiproc import free_port  # noqa: E402
+from tests.launch import BIN, ROOT  # noqa: E402, F401 - also importable from here
 
 torch.set_num_threads(1)
 
 # ------------------------------------------------ shared by the end-to-end tests
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
          "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
          "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
@@ -56,46 +51,6 @@ def drawn_figures(monkeypatch):
     return figures
 
 
-def env_for(run_dir, **extra):
-    """The environment of a launched job writing to run_dir."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-            "MINDDP_RUN_DIR": str(run_dir), **extra}
-
-
-def wait_for_step(run_dir, step, timeout):
-    """Until metrics.jsonl has `step` rows (a running job got that far)."""
-    deadline = time.monotonic() + timeout
-    path = Path(run_dir) / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().count("\n") >= step:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no step {step} in {path} after {timeout}s")
-
-
-
-def run_train(run_dir, *overrides, nproc=1, check=True, env=None, cwd=None, timeout=180, launcher="fork"):
-    """train.py with these overrides on nproc ranks. launcher="fork": forked processes running
-    train.py as `python train.py` would (tests/forked.py: no interpreter start-up, and every
-    rank's exit code in `returncodes`); "torchrun" (nproc > 1) or "python": the command line
-    itself, for what only a fresh interpreter or torchrun's agent shows."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **(env or {})}
-    if run_dir is not None:
-        full_env["MINDDP_RUN_DIR"] = str(run_dir)
-    if launcher == "fork":
-        p = forked.train_py(overrides, nproc, full_env, cwd, timeout)
-    else:
-        cmd = [sys.executable] if nproc == 1 else [
-            str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
-        p = subprocess.run([*cmd, str(ROOT / "train.py"), *overrides], capture_output=True, text=True,
-                           env=full_env, cwd=cwd or ROOT, timeout=timeout)
-    if check and p.returncode != 0:
-        codes = getattr(p, "returncodes", p.returncode)
-        raise AssertionError(f"exit {codes}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-6000:]}")
-    return p
-
-
 def metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
@@ -112,26 +67,6 @@ def assert_same_curves(a, b, atol=2e-5):
         assert ("val_loss" in ra) == ("val_loss" in rb)
         if "val_loss" in ra:
             assert ra["val_loss"] == pytest.approx(rb["val_loss"], abs=atol)
-
-
-def train_until_sigterm(run_dir, *overrides, rows: int, timeout: float = 120) -> str:
-    """torchrun train.py on 2 ranks; once metrics.jsonl has `rows` rows, SIGTERM the agent (as
-    Slurm does on preemption; torchrun passes it on). Returns the agent's output."""
-    import signal
-
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node=2", "--rdzv_backend=c10d",
-           f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"), *overrides]
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=env_for(run_dir), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for_step(run_dir, rows, timeout)
-        agent.send_signal(signal.SIGTERM)
-        out, _ = agent.communicate(timeout=120)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-    return out
-
 
 
 @pytest.fixture

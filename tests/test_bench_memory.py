@@ -8,7 +8,7 @@ import torch
 
 from minddp.perf import memory
 from minddp.tools import bench_memory as bm
-from tests import forked
+from tests import launch
 
 P = 100e6  # bytes of fp32 parameters
 
@@ -61,9 +61,9 @@ def test_what_the_table_says_a_configuration_holds_is_what_it_holds(config):
     """HOLDS against the storages a real step leaves (2 ranks): parameters P, gradients P only
     where they are not bucket views, buckets P (padded by at most the world size and the usage
     flags), AdamW's states 2P or 2P/dp. ZeRO-1's flat parameter buffers count as its P."""
-    from tests import multiproc
+    from tests import launch
 
-    held = multiproc.run(_held, 2, config)[0]
+    held = launch.ranks(_held, 2, config)[0]
     P, (params, grads, buckets, sharded, _) = held["P"], memory.HOLDS[config]
     slack = 64 * 4  # padding to the world size and the usage flags after the last bucket
     assert held["params"] == pytest.approx(params * P, abs=slack), held
@@ -115,7 +115,7 @@ def test_peak_meter_sees_an_allocation_after_its_baseline():
 @pytest.mark.slow
 def test_separate_jobs_report_every_configuration(tmp_path):
     out = tmp_path / "mem"
-    p = forked.run(["-m", "minddp", "bench-memory", "--models", "gpt-tiny", "--dp", "2", "--configs",
+    p = launch.script(["-m", "minddp", "bench-memory", "--models", "gpt-tiny", "--dp", "2", "--configs",
                     "torch-ddp,minddp-ddp,minddp-zero1", "--steps", "2", "--out", str(out)], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads((tmp_path / "mem.json").read_text())

@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from minddp.comm import collectives as C
-from tests import multiproc
+from tests import launch
 
 SIZES = [1, 2, 3, 7, 1000, 4097, 300_001]
 
@@ -52,12 +52,12 @@ def _compare(rank, world_size, algo, dtype):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("algo", ["ring", "rs_ag", "tree", "hierarchical"])
 def test_equal_to_dist_all_reduce(algo, world_size):
-    multiproc.run(_compare, world_size, algo, torch.float32, timeout=60)
+    launch.ranks(_compare, world_size, algo, torch.float32, timeout=60)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_ring_other_dtypes(dtype):
-    multiproc.run(_compare, 3, "ring", dtype, timeout=60)
+    launch.ranks(_compare, 3, "ring", dtype, timeout=60)
 
 
 def _subgroup(rank, world_size):
@@ -76,7 +76,7 @@ def _subgroup(rank, world_size):
 
 
 def test_sub_groups():
-    multiproc.run(_subgroup, 4)
+    launch.ranks(_subgroup, 4)
 
 
 def test_rejects_integer_tensors_and_unknown_ops():
@@ -98,5 +98,5 @@ def _broadcast_mixed(rank, world_size):
 
 
 def test_broadcast_coalesced_sends_large_tensors_alone_and_in_place():
-    for got in multiproc.run(_broadcast_mixed, 3):
+    for got in launch.ranks(_broadcast_mixed, 3):
         assert got == [[1.0], [1.0], [1.0], [1]]

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
-from tests.conftest import ROOT, SMALL, run_train
+from tests.conftest import ROOT, SMALL
+from tests.launch import run_train
 
 register()
 

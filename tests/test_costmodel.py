@@ -12,7 +12,7 @@ from minddp.perf.memory import memory_per_rank
 from minddp.perf.sweep import fit_alpha_beta, run_op
 from minddp.tools import costmodel as costmodel_cli
 from minddp.tools.cli import parse_size
-from tests import multiproc
+from tests import launch
 
 
 def test_formulas_by_hand():
@@ -111,7 +111,7 @@ def _measure(rank, world_size):
 
 @pytest.mark.serial  # 4 busy processes on 2 cores time the scheduler, not gloo
 def test_alpha_beta_fit_predicts_measured_gloo_time():
-    ratio, fits = multiproc.run(_measure, 2, timeout=180)[0]
+    ratio, fits = launch.ranks(_measure, 2, timeout=180)[0]
     assert all(alpha >= 0 and beta > 0 for alpha, beta in fits), fits
     # what the model achieves here: this median (interleaved sweeps) on this 2-core VM, under a
     # load average of 7 to 11 from other sessions' tests, was 0.68 to 0.89 in six runs (0.86 to
@@ -172,7 +172,7 @@ def _calibrate(rank, world_size, path):
 @pytest.mark.slow  # a real (quick) calibration: seconds
 def test_calibration_round_trip_and_the_calibrated_prediction(tmp_path):
     path = tmp_path / "calibration.json"
-    cal_dict = multiproc.run(_calibrate, 2, str(path), timeout=180)[0]
+    cal_dict = launch.ranks(_calibrate, 2, str(path), timeout=180)[0]
     cal = cm.Calibration.load(path)  # written by rank 0, read back
     assert cal.fabric.alpha == cal_dict["alpha"] and cal.fabric.beta == cal_dict["beta"]
     assert cal.contention >= 1.0 and cal.overhead_per_bucket_s > 0
@@ -324,5 +324,5 @@ def _engine_buckets(rank, world_size):
 
 def test_the_cost_models_buckets_are_the_engines():
     """perf plans with minddp.engine.buckets itself: the bytes per bucket the engine builds."""
-    planned, built = multiproc.run(_engine_buckets, 2)[0]
+    planned, built = launch.ranks(_engine_buckets, 2)[0]
     assert len(planned) > 2 and planned == built, (planned, built)

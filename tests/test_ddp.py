@@ -9,8 +9,8 @@ from torch import nn
 from torch.testing import assert_close
 
 import minddp
-from tests import multiproc
-from tests.multiproc import MLP, B, WithBN, assert_same_params, batch, params_of, shard
+from tests import launch
+from tests.models import MLP, B, WithBN, assert_same_params, batch, params_of, shard
 
 STEPS = 4
 
@@ -62,7 +62,7 @@ def _equivalence(rank, world_size, cap_mb, overlap):
 @pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: make test
 @pytest.mark.parametrize("cap_mb", [1e-6, 0.002, 1000.0])
 def test_matches_torch_ddp_and_single_process(world_size, cap_mb):
-    nbuckets = multiproc.run(_equivalence, world_size, cap_mb, True)
+    nbuckets = launch.ranks(_equivalence, world_size, cap_mb, True)
     n_params = len(list(MLP().parameters()))
     expected = {1e-6: n_params, 1000.0: 1}.get(cap_mb)
     if expected is not None:
@@ -72,7 +72,7 @@ def test_matches_torch_ddp_and_single_process(world_size, cap_mb):
 
 
 def test_overlap_false_gives_same_result():
-    multiproc.run(_equivalence, 2, 0.002, False)
+    launch.ranks(_equivalence, 2, 0.002, False)
 
 
 # -------------------------------------------------------------------- overlap
@@ -100,7 +100,7 @@ def _overlap(rank, world_size, overlap):
 
 
 def test_buckets_launch_during_backward_in_bucket_order():
-    for nb, in_backward, order in multiproc.run(_overlap, 2, True):
+    for nb, in_backward, order in launch.ranks(_overlap, 2, True):
         assert nb >= 4
         assert order == list(range(nb))
         # every bucket but those holding the last-ready gradients went out from a
@@ -109,7 +109,7 @@ def test_buckets_launch_during_backward_in_bucket_order():
 
 
 def test_overlap_false_defers_every_bucket_to_the_end():
-    for nb, in_backward, order in multiproc.run(_overlap, 2, False):
+    for nb, in_backward, order in launch.ranks(_overlap, 2, False):
         assert in_backward == 0 and order == list(range(nb))
 
 
@@ -139,7 +139,7 @@ def _rebuild(rank, world_size):
 
 
 def test_buckets_rebuilt_once_in_observed_ready_order():
-    results = multiproc.run(_rebuild, 2)
+    results = launch.ranks(_rebuild, 2)
     for before, after, _ in results:
         assert before[0] == ["early.bias"]  # reverse registration order
         assert after[0] == ["late.bias"] or after[0] == ["late.weight"]
@@ -160,7 +160,7 @@ def _callbacks(rank, world_size):
 
 
 def test_engine_callbacks_run_in_bucket_order_after_each_wait_and_once_before_the_rebuild():
-    for reduced, rebuilt, version in multiproc.run(_callbacks, 2):
+    for reduced, rebuilt, version in launch.ranks(_callbacks, 2):
         assert reduced == [(b, True) for b in range(4)] * 2  # after its wait, in bucket order
         assert rebuilt == [1] and version == 2  # the old layout, once
 
@@ -184,7 +184,7 @@ def _no_sync(rank, world_size):
 
 
 def test_no_sync_accumulation_equals_big_batch():
-    multiproc.run(_no_sync, 2)
+    launch.ranks(_no_sync, 2)
 
 
 # -------------------------------------------------------- unused parameters
@@ -211,7 +211,7 @@ def _unused_error(rank, world_size):
 
 
 def test_unused_parameter_raises_on_every_rank_naming_it():
-    errors = multiproc.run_expect_errors(_unused_error, 2, timeout=60)
+    errors = launch.ranks_expect_errors(_unused_error, 2, timeout=60)
     for text in errors.values():
         assert "head_b.weight" in text and "head_b.bias" in text
         assert "find_unused_parameters=True" in text
@@ -240,7 +240,7 @@ def _find_unused(rank, world_size):
 
 
 def test_find_unused_parameters_matches_torch_ddp():
-    multiproc.run(_find_unused, 2)
+    launch.ranks(_find_unused, 2)
 
 
 # ------------------------------------------- tied, frozen, mixed dtypes, buffers
@@ -292,7 +292,7 @@ def _bucket_params(model):
 
 
 def test_tied_frozen_and_mixed_dtype_parameters():
-    multiproc.run(_tied_frozen_mixed, 2)
+    launch.ranks(_tied_frozen_mixed, 2)
 
 
 def _buffers(rank, world_size, broadcast_buffers):
@@ -311,7 +311,7 @@ def _buffers(rank, world_size, broadcast_buffers):
 
 @pytest.mark.parametrize("broadcast_buffers", [True, False])
 def test_buffers_broadcast_like_torch_ddp(broadcast_buffers):
-    means = multiproc.run(_buffers, 2, broadcast_buffers)
+    means = launch.ranks(_buffers, 2, broadcast_buffers)
     # the last forward broadcast rank 0's statistics, then each rank updated its own
     assert not torch.equal(means[0], means[1])
 
@@ -330,7 +330,7 @@ def _init_broadcast(rank, world_size):
 
 
 def test_initial_parameters_and_buffers_broadcast_from_first_rank():
-    assert multiproc.run(_init_broadcast, 3) == [True] * 3
+    assert launch.ranks(_init_broadcast, 3) == [True] * 3
 
 
 # ----------------------------------------------- model mismatch, no hang
@@ -340,7 +340,7 @@ def _mismatch(rank, world_size):
 
 
 def test_model_mismatch_raises_on_every_rank():
-    errors = multiproc.run_expect_errors(_mismatch, 3, timeout=60)
+    errors = launch.ranks_expect_errors(_mismatch, 3, timeout=60)
     for text in errors.values():
         assert "differs across ranks" in text
         assert "layers.0.weight" in text and "[32, 8]" in text and "[16, 8]" in text
@@ -354,7 +354,7 @@ def _extra_param(rank, world_size):
 
 
 def test_extra_parameter_on_one_rank_raises_on_every_rank():
-    errors = multiproc.run_expect_errors(_extra_param, 2, timeout=60)
+    errors = launch.ranks_expect_errors(_extra_param, 2, timeout=60)
     for text in errors.values():
         assert "extra.weight" in text
 
@@ -372,7 +372,7 @@ def _reduce_sum(rank, world_size):
 
 
 def test_reduce_op_sum():
-    multiproc.run(_reduce_sum, 3)
+    launch.ranks(_reduce_sum, 3)
 
 
 def _compress(rank, world_size, compress):
@@ -390,7 +390,7 @@ def _compress(rank, world_size, compress):
 
 @pytest.mark.parametrize("compress", ["fp16", "bf16"])
 def test_16_bit_compression_trains_on_gloo(compress):
-    errs = multiproc.run(_compress, 2, compress)
+    errs = launch.ranks(_compress, 2, compress)
     assert 0 < errs[0] < 2e-2  # compressed, so not bit-identical, but close
 
 
@@ -410,7 +410,7 @@ def _custom_hook(rank, world_size):
 
 
 def test_register_comm_hook():
-    multiproc.run(_custom_hook, 2)
+    launch.ranks(_custom_hook, 2)
 
 
 # ---------------------------------------------------------------- sub-groups
@@ -429,7 +429,7 @@ def _subgroup(rank, world_size):
 
 
 def test_process_group_reduces_over_the_subgroup_only():
-    _, g1, g2 = multiproc.run(_subgroup, 3)
+    _, g1, g2 = launch.ranks(_subgroup, 3)
     assert torch.equal(g1, g2) and torch.equal(g1, torch.full((1, 4), 1.5))
 
 
@@ -453,7 +453,7 @@ def _algorithms(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_algorithm_trains_like_native(world_size):
-    multiproc.run(_algorithms, world_size)
+    launch.ranks(_algorithms, world_size)
 
 
 # ------------------------------------------------------------ uneven inputs
@@ -486,7 +486,7 @@ def _uneven(rank, world_size, divide):
 
 @pytest.mark.parametrize("divide", [True, False])
 def test_join_uneven_inputs_matches_torch_join(divide):
-    w = multiproc.run(_uneven, 3, divide, timeout=90)
+    w = launch.ranks(_uneven, 3, divide, timeout=90)
     assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2])  # everyone ends with the same model
 
 
@@ -509,7 +509,7 @@ def _avg_like_torch(rank, world_size):
 
 
 def test_average_is_pre_divide_then_sum_bitwise_as_torch_ddp():
-    multiproc.run(_avg_like_torch, 3)
+    launch.ranks(_avg_like_torch, 3)
 
 
 def _backward_twice(rank, world_size):
@@ -520,7 +520,7 @@ def _backward_twice(rank, world_size):
 
 
 def test_second_backward_of_one_forward_raises():
-    errors = multiproc.run_expect_errors(_backward_twice, 2, timeout=60)
+    errors = launch.ranks_expect_errors(_backward_twice, 2, timeout=60)
     for text in errors.values():
         assert "backward ran again" in text
 
@@ -568,7 +568,7 @@ def _overlap_step(rank, world_size, opt_name):
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("opt_name", ["adamw", "sgd"])
 def test_optimizer_overlap_equals_the_ordinary_step(world_size, opt_name):
-    multiproc.run(_overlap_step, world_size, opt_name, timeout=120)
+    launch.ranks(_overlap_step, world_size, opt_name, timeout=120)
 
 
 def test_optimizer_overlap_refuses_what_it_cannot_keep_exact():
@@ -580,4 +580,4 @@ def test_optimizer_overlap_refuses_what_it_cannot_keep_exact():
         with pytest.raises(ValueError, match="optimizer_overlap=True"):
             minddp.OverlappedOptimizer(minddp.DDP(MLP()), torch.optim.SGD, lr=0.1)
 
-    multiproc.run(check, 2)
+    launch.ranks(check, 2)

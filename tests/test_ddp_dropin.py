@@ -10,8 +10,8 @@ from torch import nn
 
 import minddp
 from minddp.train.model import GPT, GPTConfig
-from tests import multiproc
-from tests.multiproc import MLP, assert_same_params, batch, params_of, shard
+from tests import launch
+from tests.models import MLP, assert_same_params, batch, params_of, shard
 
 
 def _counting(model):
@@ -48,7 +48,7 @@ def _nanogpt_accumulation(rank, world_size):
 
 
 def test_require_backward_grad_sync_attribute_reduces_once_per_step():
-    for n_calls, n_buckets in multiproc.run(_nanogpt_accumulation, 2):
+    for n_calls, n_buckets in launch.ranks(_nanogpt_accumulation, 2):
         assert n_calls == 3 * n_buckets  # 3 optimizer steps, not 12 micro-steps
 
 
@@ -82,7 +82,7 @@ def _no_grad_forward_between(rank, world_size, mode):
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_sync_attr"])
 def test_forward_without_sync_leaves_pending_backward_alone(mode):
-    multiproc.run(_no_grad_forward_between, 2, mode)
+    launch.ranks(_no_grad_forward_between, 2, mode)
 
 
 def _two_forwards_one_backward(rank, world_size):
@@ -104,7 +104,7 @@ def _two_forwards_one_backward(rank, world_size):
 
 
 def test_two_forwards_then_one_backward_of_the_sum_reduces_once():
-    multiproc.run(_two_forwards_one_backward, 2)
+    launch.ranks(_two_forwards_one_backward, 2)
 
 
 def _bucket_counts(rank, world_size, cap_mb):
@@ -124,7 +124,7 @@ def _bucket_counts(rank, world_size, cap_mb):
 
 @pytest.mark.parametrize("cap_mb", [None, 0.25, 1, 5])
 def test_bucket_sizes_match_torch_ddp_after_rebuild(cap_mb):
-    ours, theirs = multiproc.run(_bucket_counts, 2, cap_mb)[0]
+    ours, theirs = launch.ranks(_bucket_counts, 2, cap_mb)[0]
     assert ours == theirs
 
 
@@ -150,7 +150,7 @@ def _compiled(rank, world_size):
 
 @pytest.mark.slow
 def test_wrapping_a_compiled_module_trains_like_eager():
-    multiproc.run(_compiled, 2, timeout=240)
+    launch.ranks(_compiled, 2, timeout=240)
 
 
 def _compressed_bytes(rank, world_size):
@@ -164,7 +164,7 @@ def _compressed_bytes(rank, world_size):
 
 
 def test_comm_stats_bytes_count_what_travels():
-    plain, half = multiproc.run(_compressed_bytes, 2)[0]
+    plain, half = launch.ranks(_compressed_bytes, 2)[0]
     assert half * 2 == plain
 
 
@@ -191,7 +191,7 @@ def _wrap_twice(rank, world_size):
 
 
 def test_wrapping_again_retires_the_old_wrapper_and_dropped_wrapper_leaves_module_clean():
-    multiproc.run(_wrap_twice, 2)
+    launch.ranks(_wrap_twice, 2)
 
 
 def _torch_signature(rank, world_size):
@@ -216,4 +216,4 @@ def _torch_signature(rank, world_size):
 
 
 def test_torch_ddp_constructor_arguments_are_accepted_in_torchs_order():
-    multiproc.run(_torch_signature, 2)
+    launch.ranks(_torch_signature, 2)

@@ -20,8 +20,8 @@ import minddp
 from minddp.engine import transfer
 from minddp.engine.buckets import MiB, TensorSpec, assign_buckets
 from minddp.engine.usage import MAX_DEFER, UsageFlags
-from tests import multiproc
-from tests.multiproc import MLP, WithBN, assert_same_params, batch, params_of, shard
+from tests import launch
+from tests.models import MLP, WithBN, assert_same_params, batch, params_of, shard
 
 TORCH_DDP = nn.parallel.DistributedDataParallel
 WRAPPERS = (minddp.DDP, TORCH_DDP)
@@ -108,7 +108,7 @@ def _no_sync_usage(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_grads_same_across_ranks_with_no_sync_and_find_unused_parameters(world_size):
-    for nones in multiproc.run(_no_sync_usage, world_size):
+    for nones in launch.ranks(_no_sync_usage, world_size):
         assert not any(nones.values())  # every layer was used by some rank in some micro-step
 
 
@@ -145,7 +145,7 @@ def _reassigned_buffer(rank, world_size):
 
 
 def test_reassigned_buffer_is_broadcast_at_each_forward():
-    multiproc.run(_reassigned_buffer, 2)
+    launch.ranks(_reassigned_buffer, 2)
 
 
 # ------------------------------------ 3. broadcast_buffers=False leaves buffers out of init sync
@@ -176,7 +176,7 @@ def _init_sync_buffers(rank, world_size):
 
 
 def test_broadcast_buffers_false_leaves_buffers_out_of_the_init_sync():
-    seen = multiproc.run(_init_sync_buffers, 2)[0]
+    seen = launch.ranks(_init_sync_buffers, 2)[0]
     assert seen["{'broadcast_buffers': False}"] == ([0.0, 1.0], [0.0, 11.0])  # never synced
     assert seen["{'broadcast_buffers': True}"] == ([0.0, 0.0], [0.0, 0.0])
     assert seen["{'forward_sync_buffers': False}"] == ([0.0, 0.0], [0.0, 10.0])  # init only
@@ -235,7 +235,7 @@ def _undefined_case(rank, world_size, find_unused, cut_ranks):
 
 
 def test_undefined_gradients_like_torch():
-    for (find_unused, cut_ranks), grad in multiproc.run(_undefined, 2)[0].items():
+    for (find_unused, cut_ranks), grad in launch.ranks(_undefined, 2)[0].items():
         if cut_ranks == (0, 1):  # torch: None with find_unused_parameters, zeros without
             assert grad is None if find_unused else torch.equal(grad, torch.zeros(8, 8))
         else:
@@ -255,7 +255,7 @@ def _undefined_grad_op(rank, world_size):
 
 
 def test_undefined_grad_parity_unused_parameters():
-    multiproc.run(_undefined_grad_op, 2)
+    launch.ranks(_undefined_grad_op, 2)
 
 
 # ------------------------------------------------------------------------------ 5. pickling
@@ -287,7 +287,7 @@ def _pickling(rank, world_size, grad_is_view):
 
 @pytest.mark.parametrize("grad_is_view", [False, True])
 def test_wrapper_pickles_and_the_copies_train_like_torchs(grad_is_view):
-    multiproc.run(_pickling, 2, grad_is_view)
+    launch.ranks(_pickling, 2, grad_is_view)
 
 
 # ----------------------------------------------------------- 6. torch 2.13's constructor arguments
@@ -318,7 +318,7 @@ def _warnings(rank, world_size):
 
 
 def test_broadcast_buffers_futurewarning_as_torch():
-    multiproc.run(_warnings, 2)
+    launch.ranks(_warnings, 2)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -351,7 +351,7 @@ def _cap_list(rank, world_size):
 
 
 def test_bucket_cap_mb_list_gives_torchs_buckets_and_batched_grad_copy_is_accepted():
-    ours, theirs = multiproc.run(_cap_list, 2)[0]
+    ours, theirs = launch.ranks(_cap_list, 2)[0]
     assert ours == theirs and len(ours) > 2
 
 
@@ -390,7 +390,7 @@ def _skip_unused_case(rank, world_size, skip):
 
 
 def test_skip_all_reduce_unused_params_reduces_only_used_buckets():
-    skipped, reduced = multiproc.run(_skip_unused, 2)[0].values()
+    skipped, reduced = launch.ranks(_skip_unused, 2)[0].values()
     assert skipped == 100 * 5000 * 4  # fc1's gradients only
     assert reduced == (100 * 5000 + 2 * 100 * 100 + 3) * 4  # + the 3 usage flags, in the last bucket
 
@@ -415,7 +415,7 @@ def _rewrap(rank, world_size):
 
 
 def test_wrapping_a_wrapped_module_again_takes_it_over():
-    multiproc.run(_rewrap, 2)
+    launch.ranks(_rewrap, 2)
 
 
 # ------------------------------------------------- 9. _set_params_and_buffers_to_ignore_for_model
@@ -440,7 +440,7 @@ def _ignored(rank, world_size):
 
 
 def test_ignored_parameters_and_buffers_are_neither_reduced_nor_broadcast():
-    same = multiproc.run(_ignored, 2)[0]
+    same = launch.ranks(_ignored, 2)[0]
     assert not same["fc.weight"] and not same["bn.running_mean"]
     assert same["fc.bias"] and same["out.weight"] and same["bn.running_var"]
 
@@ -467,7 +467,7 @@ def _errors(rank, world_size):
 
 
 def test_torchs_errors_for_no_trainable_parameter_and_a_bad_comm_hook():
-    multiproc.run(_errors, 2)
+    launch.ranks(_errors, 2)
 
 
 # ------------------------------------------- 11. usage flags read once landed, never waited for early

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from minddp.demos import DEMOS, MODULES
-from tests import multiproc
+from tests import launch
 from tests.conftest import BIN, ROOT
 
 
@@ -41,7 +41,7 @@ CASES = [(name, 2) for name in sorted(DEMOS)] + [(name, 4) for name in sorted(DE
 
 @pytest.mark.parametrize("name,world_size", CASES)
 def test_demo(name, world_size):
-    results = multiproc.run(_demo, world_size, name, timeout=90)
+    results = launch.ranks(_demo, world_size, name, timeout=90)
     out = results[0][1]
     for r in range(world_size):  # every table has every rank's row, gathered to rank 0
         assert out.count(f"  rank {r}: ") == out.count("  rank 0: ") >= 1, out
@@ -67,7 +67,7 @@ def _demo_under_meta_default(rank, world_size, name):
 
 @pytest.mark.parametrize("name", sorted(DEMOS))
 def test_demo_names_its_device(name):
-    multiproc.run(_demo_under_meta_default, 2, name, timeout=90)
+    launch.ranks(_demo_under_meta_default, 2, name, timeout=90)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from minddp.parallel.dist import backend_for, pick_device, select_device
 from minddp.tools import cli
-from tests.multiproc import free_port
+from tests.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests import forked
+from tests import launch
 from tests.conftest import BIN, ROOT
 
 DOC = (ROOT / "docs" / "exercises.md").read_text()
@@ -33,9 +33,9 @@ def test_every_exercise_has_a_command():
 @pytest.mark.slow
 @pytest.mark.parametrize("command,expected", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_exercise_command(command, expected):
-    """Each command on forked ranks (tests/forked.py); torchrun itself runs one of them in
+    """Each command on forked ranks (tests/launch.py); torchrun itself runs one of them in
     test_demos.py::test_cli_under_torchrun_and_help."""
-    p = forked.command(command, env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
+    p = launch.command(command, env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr[-3000:]
     for text in expected:
         assert text in p.stdout + p.stderr, (text, p.stdout[-3000:])

@@ -14,11 +14,11 @@ from torch.overrides import TorchFunctionMode
 
 import minddp
 from minddp.errors import ConfigError
-from minddp.train import flops
 from minddp.train.config import register, validate
-from tests import multiproc
+from minddp.train.metrics import flops
+from tests import launch
 from tests.conftest import ROOT
-from tests.multiproc import MLP, batch, shard
+from tests.models import MLP, batch, shard
 
 register()
 
@@ -159,7 +159,7 @@ def _steps_under_sentinel(rank, world_size, kind):
 
 @pytest.mark.parametrize("kind", ["ddp", "zero1", "optimizer_overlap"])
 def test_no_host_sync_in_a_steady_step(kind):
-    for first, steady in multiproc.run(_steps_under_sentinel, 2, kind, timeout=90):
+    for first, steady in launch.ranks(_steps_under_sentinel, 2, kind, timeout=90):
         assert steady == [], f"{kind}: host syncs in the steady step: {steady}"
         assert any("ddp.py" in c and "tolist" in c for c in first), first  # the sentinel sees the engine
 

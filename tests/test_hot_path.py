@@ -12,8 +12,8 @@ from torch import nn
 
 import minddp
 from minddp.engine.observer import clock_for
-from tests import multiproc
-from tests.multiproc import MLP, batch, shard
+from tests import launch
+from tests.models import MLP, batch, shard
 
 
 class WithHead(nn.Module):
@@ -61,7 +61,7 @@ def test_fused_scale_is_bitwise_torch_ddp_on_3_ranks(zero_in_place):
     parameter unused on some steps (zeros): every bucket carries the 1/n once, as torch's. One
     parameter per bucket: torch keeps its first layout under find_unused_parameters, minddp
     rebuilds, and 3 ranks sum a bucket in an order that depends on its size."""
-    for ours, theirs in multiproc.run(_against_torch, 3, zero_in_place, 1e-6, timeout=120):
+    for ours, theirs in launch.ranks(_against_torch, 3, zero_in_place, 1e-6, timeout=120):
         for a, b in zip(ours, theirs):
             assert torch.equal(a, b), (a - b).abs().max()
 
@@ -104,7 +104,7 @@ def _optimizers(rank, world, kind, foreach):
 def test_per_bucket_steps_are_bitwise_one_optimizer_step(kind, foreach):
     """One bucket at a time (the functional step on prebuilt lists after the first step), with an
     LR schedule: the same parameters as the whole optimizer stepping everything at once."""
-    for ref, got in multiproc.run(_optimizers, 3, kind, foreach, timeout=120):
+    for ref, got in launch.ranks(_optimizers, 3, kind, foreach, timeout=120):
         for a, b in zip(ref, got):
             assert torch.equal(a, b), (a - b).abs().max()
 
@@ -162,6 +162,6 @@ def test_the_observer_gets_the_native_collectives_own_work(algorithm, hook, expe
     """CudaObserver orders its timing stream after the collective's own Work (its end event, no
     record of the bucket on that stream): the engine hands it over for the backend's all-reduce,
     not for the from-scratch algorithms or a hook, and the reducer keeps none past the step."""
-    for works, none_left in multiproc.run(_works_handed_to_the_observer, 2, algorithm, hook):
+    for works, none_left in launch.ranks(_works_handed_to_the_observer, 2, algorithm, hook):
         assert len(works) > 1 and set(works) == {expected}
         assert none_left

@@ -12,8 +12,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.testing import assert_close
 
 import minddp
-from tests import multiproc
-from tests.multiproc import batch, shard
+from tests import launch
+from tests.models import batch, shard
 
 
 class WithOwnCollective(nn.Module):
@@ -73,7 +73,7 @@ def _throw(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_join_throw_on_early_termination_raises_on_every_rank_like_torch(world_size):
-    out = multiproc.run(_throw, world_size, timeout=90)
+    out = launch.ranks(_throw, world_size, timeout=90)
     assert out[0][:2] == (3, "Rank 0 exhausted all inputs.")
     others = "Detected at least one rank that exhausted inputs. Throwing across all ranks."
     for done, error, _ in out[1:]:
@@ -97,7 +97,7 @@ def _throw_all_at_once(rank, world_size):
 
 
 def test_join_throw_with_even_inputs_does_not_raise():
-    multiproc.run(_throw_all_at_once, 2)
+    launch.ranks(_throw_all_at_once, 2)
 
 
 def _collectives(model, opt, rank, world_size, steps):
@@ -138,7 +138,7 @@ class _null:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_join_enable_false_is_a_no_op_like_torch(world_size):
-    multiproc.run(_disabled, world_size, timeout=90)
+    launch.ranks(_disabled, world_size, timeout=90)
 
 
 def _disabled_sharded(rank, world_size):
@@ -152,4 +152,4 @@ def _disabled_sharded(rank, world_size):
 
 
 def test_join_enable_false_combines_with_shard_optimizer():
-    multiproc.run(_disabled_sharded, 2)
+    launch.ranks(_disabled_sharded, 2)

@@ -14,20 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import (
-    BIN,
-    LONG,
-    ROOT,
-    SMALL,
-    assert_same_curves,
-    env_for,
-    final_model,
-    metrics,
-    run_train,
-    train_until_sigterm,
-    wait_for_step,
-)
-from tests.multiproc import free_port
+from tests.conftest import LONG, SMALL, assert_same_curves, final_model, metrics
+from tests.launch import BIN, ROOT, env_for, free_port, run_train, train_until_sigterm, wait_for_step
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=4"]

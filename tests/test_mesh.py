@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from minddp.parallel.mesh import Mesh, ParallelDims
-from tests import multiproc
+from tests import launch
 
 
 @pytest.mark.parametrize("tp,tp_groups,dp_groups", [
@@ -42,5 +42,5 @@ def _real_mesh(rank, world_size):
 
 
 def test_real_device_mesh_dp2_tp2():
-    got = multiproc.run(_real_mesh, 4)
+    got = launch.ranks(_real_mesh, 4)
     assert got == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]), ([2, 3], [1, 3])]

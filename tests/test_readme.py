@@ -178,7 +178,7 @@ def test_the_engine_snippet_runs_as_written(tmp_path, nproc):
     import sys
 
     from tests.conftest import BIN
-    from tests.multiproc import free_port
+    from tests.launch import free_port
 
     engine = README.split("## The engine", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", engine, re.S).group(1)

@@ -1,4 +1,5 @@
-"""The suite's own rules, so they stay true: shared helpers live in conftest.py or multiproc.py."""
+"""The suite's own rules, so they stay true: shared helpers live in conftest.py, launch.py (how tests
+start processes) or models.py (the engine tests' reference models and data)."""
 
 import ast
 
@@ -18,7 +19,7 @@ def test_no_test_module_imports_another(path):
             names += [f"tests.{a.name}" for a in node.names]
         for name in names:
             assert not name.startswith("tests.test_"), \
-                f"{path.name} imports {name}: move the helper to tests/conftest.py or tests/multiproc.py"
+                f"{path.name} imports {name}: move the helper to tests/conftest.py, tests/launch.py or tests/models.py"
 
 
 PKG = ROOT / "minddp"

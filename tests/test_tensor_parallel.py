@@ -12,7 +12,7 @@ from torch.testing import assert_close
 import minddp
 from minddp.parallel import tensor_parallel as tp
 from minddp.train.model import GPT, GPTConfig
-from tests import multiproc
+from tests import launch
 
 
 @pytest.mark.parametrize("parts", [1, 3])
@@ -53,7 +53,7 @@ def _layers(rank, world_size):
 
 
 def test_column_and_row_parallel_match_nn_linear():
-    multiproc.run(_layers, 2)
+    launch.ranks(_layers, 2)
 
 
 def _gpt(rank, world_size):
@@ -101,4 +101,4 @@ def _gpt(rank, world_size):
 
 
 def test_tensor_parallel_gpt_matches_unsplit_gpt():
-    multiproc.run(_gpt, 2)
+    launch.ranks(_gpt, 2)

@@ -39,7 +39,7 @@ import os
 import pytest
 import torch
 
-from tests import multiproc, torch_ddp_port
+from tests import launch, torch_ddp_port
 
 TIMEOUT_S = int(torch_ddp_port.TIMEOUT_S)  # per test, all ranks (torch's harness enforces it)
 
@@ -272,8 +272,8 @@ def _serve(conn):
 
 @pytest.fixture(scope="module")
 def driver():
-    # fork unless this process runs a process group's threads (tests/multiproc.py's rule)
-    ctx = mp.get_context("fork") if not multiproc._comm_threads() else multiproc.forkserver()
+    # fork unless this process runs a process group's threads (tests/launch.py's rule)
+    ctx = mp.get_context("fork") if not launch._comm_threads() else launch.forkserver()
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(there,), name="torch DDP suite driver")
     proc.start()

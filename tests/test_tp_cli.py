@@ -3,7 +3,8 @@
 import pytest
 from torch.testing import assert_close
 
-from tests.conftest import SMALL, assert_same_curves, final_model, metrics, run_train
+from tests.conftest import SMALL, assert_same_curves, final_model, metrics
+from tests.launch import run_train
 
 pytestmark = pytest.mark.slow
 ARGS = [*SMALL, "train.max_steps=5"]
