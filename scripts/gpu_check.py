@@ -12,7 +12,7 @@ One line per item, PASS / FAIL / SKIP with the reason, as each finishes; logs an
 under --out. Exit 0 only if nothing failed; exit 1 with one line ("nothing was checked") when no
 CUDA device is usable, naming a CPU-only torch build if that is why. What each item proves on 1
 GPU and on 8: docs/gpu.md. The verdicts are pure functions of measured numbers (below), tested
-on CPU with numbers that must pass and numbers that must fail (tests/test_gpu_paths.py).
+on CPU with numbers that must pass and numbers that must fail (tests/dist/test_gpu_paths.py).
 """
 
 from __future__ import annotations

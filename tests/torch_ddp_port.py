@@ -1,5 +1,5 @@
 """torch's own DDP tests (the wheel's distributed_test.py) with minddp's DistributedDataParallel
-in torch's place, ported to a CPU-only machine; see tests/test_torch_ddp_suite.py.
+in torch's place, ported to a CPU-only machine; see tests/dist/test_torch_ddp_suite.py.
 
 Nothing in torch is patched: the file's source text is read, its DDP name is made minddp's,
 placement on a GPU is made placement on the CPU, and the result is executed as a new module,

@@ -17,7 +17,7 @@ def print_table(title: str, row: list) -> None:
 def device() -> torch.device:
     """Where this rank's tensors live: the device the backend expects (nccl: this rank's GPU,
     which init_distributed selected from LOCAL_RANK; gloo: the CPU). Every factory call in the
-    demos passes it explicitly; tests/test_demos.py runs them under a `meta` default device."""
+    demos passes it explicitly; tests/e2e/test_demos.py runs them under a `meta` default device."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")  # gloo works on host tensors

@@ -1,0 +1,142 @@
+"""The suite's own rules, so they stay true: shared helpers live in conftest.py, launch.py (how tests
+start processes) or models.py (the engine tests' reference models and data)."""
+
+
+import ast
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+MODULES = sorted((ROOT / "tests").rglob("test_*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT / "tests")))
+def test_no_test_module_imports_another(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if isinstance(node, ast.ImportFrom) and node.module == "tests":
+            names += [f"tests.{a.name}" for a in node.names]
+        for name in names:
+            assert ".test_" not in name and not name.startswith("tests.test_"), \
+                f"{path.name} imports {name}: move it to tests/conftest.py, launch.py or models.py"
+
+
+PKG = ROOT / "minddp"
+
+
+# the layers, bottom up: a module imports only from its own layer or those below it
+LAYERS = {"parallel": 0, "comm": 0, "engine": 1, "optim": 2, "perf": 3, "train": 4, "tools": 5, "demos": 5}
+
+
+def engine_files() -> list:
+    return sorted((PKG / "engine").glob("*.py"))
+
+
+def optim_files() -> list:
+    return sorted((PKG / "optim").glob("*.py"))
+
+
+def lines(paths) -> int:
+    return sum(len(p.read_text().splitlines()) for p in paths)
+
+
+def test_the_engine_is_found_where_it_lives():
+    names = {p.stem for p in engine_files()}
+    assert {"ddp", "buckets", "reductions", "observer", "checks"} <= names, names
+    assert {p.stem for p in optim_files()} >= {"replicated", "overlap", "zero"}
+
+
+def test_the_engine_stays_small_enough_to_read():
+    """The core's class <= 300 lines and its file <= 400, no function in minddp/ over 60 lines,
+    trainer.py <= 350."""
+    (core, cls), = [(p, n) for p in engine_files() for n in ast.parse(p.read_text()).body
+                    if isinstance(n, ast.ClassDef) and n.name == "DistributedDataParallel"]
+    assert lines([core]) <= 400, core
+    assert cls.end_lineno - cls.lineno + 1 <= 300, core
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 60, f"{path.relative_to(ROOT)}:{node.name}"
+    assert lines([PKG / "train" / "trainer.py"]) <= 350
+
+
+def test_the_tools_are_smaller_than_the_engine_and_the_optimizers():
+    """Front ends over perf/ and the trainer: argparse, printing, rendering."""
+    tools, engine, optim = lines((PKG / "tools").glob("*.py")), lines(engine_files()), lines(optim_files())
+    assert tools < engine + optim, f"tools {tools} lines, engine {engine} + optimizers {optim}"
+
+
+def _imported(path) -> set[str]:
+    """Absolute names of the minddp modules `path` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(x for x in (base, node.module) if x)
+            names |= {module} | {f"{module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if n.startswith("minddp")}
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "perf").glob("*.py")), ids=lambda p: p.name)
+def test_perf_never_imports_the_trainer_or_the_tools(path):
+    """Dependencies one way: perf reads the engine and the optimizers; the tools read perf."""
+    bad = sorted(n for n in _imported(path) if n.startswith(("minddp.train", "minddp.tools")))
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(p for layer in LAYERS for p in (PKG / layer).rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_dependencies_go_one_way(path):
+    """parallel/comm -> engine -> optim -> perf -> train -> tools: never upwards."""
+    own = LAYERS[path.relative_to(PKG).parts[0]]
+    above = sorted(n for n in _imported(path) if LAYERS.get(n.split(".")[1] if "." in n else "", -1) > own)
+    assert not above, f"{path.relative_to(PKG)} imports {above} from a layer above its own"
+
+
+def test_the_package_root_holds_only_the_entry_points():
+    """Everything else lives in its layer's folder (minddp/_moved.py answers the old paths)."""
+    root = {p.name for p in PKG.glob("*.py")}
+    assert root == {"__init__.py", "__main__.py", "_compat.py", "_moved.py", "errors.py"}, root
+
+
+def test_the_import_check_resolves_relative_imports():
+    assert "minddp.tools.cli" in _imported(PKG / "tools" / "bench.py")
+    assert "minddp.perf.sweep" in _imported(PKG / "tools" / "bench.py")
+
+
+def test_no_tracker_words_in_what_a_user_sees():
+    import re
+
+    paths = [*(ROOT / "minddp").rglob("*.py"), *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "scripts").glob("*.py"), ROOT / "README.md", ROOT / "Makefile"]
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in paths
+            for m in re.finditer(r"(?i)\bissues? #?\d+", p.read_text())]
+    assert not hits, hits
+
+
+# what each layer of the suite may start: unit nothing, dist gloo ranks, e2e anything
+STARTS = {"unit": r"\btests\.launch\b|\binit_process_group\b|\bsubprocess\b|\bPopen\b",
+          "dist": r"\b(run_train|train_py|running_job|torchrun|command|script)\(|\bsubprocess\b|\bPopen\b"
+                  r"|\bin_process_trainer\b"}
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.parent.name in STARTS],
+                         ids=lambda p: str(p.relative_to(ROOT / "tests")))
+def test_each_layer_of_the_suite_starts_only_what_it_is_for(path):
+    """tests/unit: no process group, no process; tests/dist: gloo ranks (launch.ranks), no
+    train.py, torchrun or CLI (those are tests/e2e); tests/meta reads files."""
+    text = path.read_text()
+    found = sorted(set(m.group(0) for m in re.finditer(STARTS[path.parent.name], text)))
+    assert not found, f"{path.relative_to(ROOT)} uses {found}: it belongs in a later layer"
+
+
+def test_every_test_module_is_in_a_layer():
+    layers = ("unit", "dist", "e2e", "meta")
+    outside = [str(p.relative_to(ROOT)) for p in MODULES if p.parent.name not in layers]
+    assert not outside, outside

@@ -1,0 +1,43 @@
+"""Long runs and faults through the real CLI: flat memory, a stuck rank, bad settings, soak."""
+
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from minddp.errors import ConfigError
+from minddp.train.config import register, validate
+from tests.conftest import ROOT
+
+register()
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("ddp.bucket_cap_mb=0", "ddp.bucket_cap_mb must be positive"),
+    ("ddp.compress=int8", "ddp.compress must be null, fp16 or bf16"),
+    ("ddp.algorithm=tree3", "ddp.algorithm must be one of"),
+    ("model.n_head=3", "model.n_head=3 must divide model.n_embd=128"),
+    ("optim.lr=-1", "optim.lr must be > 0"),
+    ("optim.min_lr=1", "0 <= optim.min_lr <= optim.lr"),
+    ("optim.beta2=1.5", "optim.beta1 and optim.beta2 must be in [0, 1)"),
+    ("train.log_every=0", "train.log_every must be >= 1"),
+    ("train.timeout_s=0", "train.timeout_s and train.init_timeout_s must be > 0"),
+    ("train.device=tpu", "train.device must be auto, cpu or cuda"),
+    ("train.peak_tflops=-3", "train.peak_tflops must be > 0"),
+    ("model.dropout=1.0", "model.dropout must be in [0, 1)"),
+    ("data=tokens", "data=tokens needs data.dir"),
+])
+def test_every_setting_checkable_without_processes_is_checked_in_validate(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        validate(_cfg(override), 1)
+
+
+def test_the_defaults_validate_and_keep_the_global_batch_fixed():
+    one, two = validate(_cfg(), 1), validate(_cfg(), 2)  # global batch 32, micro-batch 8
+    assert (one["dims"].dp, one["accum"]) == (1, 4)
+    assert (two["dims"].dp, two["accum"]) == (2, 2)  # accumulation divided by the world size
+    assert validate(_cfg("mesh.tp=2"), 2)["dims"].tp == 2
