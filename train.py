@@ -22,9 +22,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from minddp.parallel.dist import env_ranks, exit_worker, shutdown, wait_for_peers
-from minddp.train import flight_recorder
 from minddp.train.config import ConfigError, default_run_dir, register
-from minddp.train.guard import DivergedError
+from minddp.train.metrics import flight_recorder
+from minddp.train.safety.guard import DivergedError
 from minddp.train.trainer import Trainer
 
 register()

@@ -1,7 +1,9 @@
 """Old import paths, kept for one release (0.4.0 moved the modules into folders; README "What
 moved"): `import minddp.ddp` or `from minddp.zero import ShardedOptimizer` is the module at its
 new home (the same module object, so patching one patches the other), with a DeprecationWarning.
-`minddp.optim` is a package now and re-exports what `minddp/optim.py` held.
+A module whose names went to several homes (a tuple in MOVED) is one new module holding them
+all, the first home's winning. A package that took an old module's name (`minddp.optim`,
+`minddp.train.checkpoint`, `.data`, `.resume`) re-exports what the module held instead.
 """
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ MOVED = {
     "usage": "engine.usage", "transfer": "engine.transfer", "join": "engine.join",
     "overlap": "optim.overlap", "zero": "optim.zero", "zero_state": "optim.zero_state",
     "dist": "parallel.dist", "mesh": "parallel.mesh", "tensor_parallel": "parallel.tensor_parallel",
-    "gradnorm": "parallel.gradnorm", "collectives": "comm.collectives", "costmodel": "perf.costmodel",
+    "gradnorm": "parallel.gradnorm", "collectives": "comm.collectives",
+    # 0.3's minddp.costmodel also held its command line's helpers, now minddp.tools.costmodel's
+    "costmodel": ("perf.costmodel", "tools.costmodel"),
+    # the trainer's files, grouped by what a reader looks for (minddp/train/__init__.py)
+    "train.agree": "train.safety.together", "train.signals": "train.safety.signals",
+    "train.guard": "train.safety.guard", "train.faults": "train.safety.faults",
+    "train.consistency": "train.safety.consistency", "train.resume_check": "train.resume.check",
+    "train.state": "train.resume.state", "train.tokens": "train.data.tokens",
+    "train.integrity": ("train.checkpoint.integrity", "train.data.fingerprint"),
+    "train.atomic": "train.io.atomic", "train.safe_pickle": "train.io.safe_pickle",
+    "train.tracking": "train.metrics.tracking", "train.identity": "train.metrics.identity",
+    "train.summary": "train.metrics.summary", "train.straggler": "train.metrics.straggler",
+    "train.steptrace": "train.metrics.steptrace", "train.flops": "train.metrics.flops",
+    "train.flight_recorder": "train.metrics.flight_recorder",
 }
-# 0.3's minddp.costmodel also held its command line's helpers, now minddp.tools.costmodel's
-COSTMODEL_CLI = ("parse_size", "explain_all_reduce", "explain_hierarchical", "explain_tree",
-                 "explain_zero", "inter_node_bytes")
 
 
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -34,18 +46,18 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._own_specs: dict = {}  # old name -> the module's own spec, until exec_module
 
     def find_spec(self, fullname, path=None, target=None):
-        pkg, _, old = fullname.rpartition(".")
-        if pkg != "minddp" or old not in MOVED:
+        root, _, old = fullname.partition(".")
+        if root != "minddp" or old not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        new = "minddp." + MOVED[spec.name.rpartition(".")[2]]
-        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
+        homes = new_homes(spec.name.partition(".")[2])
+        warnings.warn(f"{spec.name} moved to {' and '.join(homes)}; the old path goes in the next release",
                       DeprecationWarning, stacklevel=2)
-        if new == "minddp.perf.costmodel":
-            return _old_costmodel(spec.name)
-        module = importlib.import_module(new)
+        if len(homes) > 1:
+            return _merged(spec.name, homes)
+        module = importlib.import_module(homes[0])
         self._own_specs[spec.name] = module.__spec__  # the import system sets the old name's on it
         return module
 
@@ -55,15 +67,20 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__spec__ = own
 
 
-def _old_costmodel(name: str) -> types.ModuleType:
-    """The cost model (perf) and its CLI helpers (tools) under one old name."""
-    from .perf import costmodel
-    from .tools import costmodel as cli
+def new_homes(old: str) -> list[str]:
+    """The absolute names of the modules an old one (`ddp`, `train.tokens`) went to."""
+    new = MOVED[old]
+    return [f"minddp.{n}" for n in ((new,) if isinstance(new, str) else new)]
 
-    module = types.ModuleType(name, costmodel.__doc__)
-    module.__dict__.update({k: v for k, v in vars(costmodel).items() if not k.startswith("__")})
-    module.__dict__.update({k: getattr(cli, k) for k in COSTMODEL_CLI})
-    return module
+
+def _merged(name: str, homes: list[str]) -> types.ModuleType:
+    """One module under the old name holding the public names of each home (the first wins)."""
+    modules = [importlib.import_module(h) for h in homes]
+    merged = types.ModuleType(name, modules[0].__doc__)
+    for m in reversed(modules[1:]):
+        merged.__dict__.update({k: v for k, v in vars(m).items() if not k.startswith("_")})
+    merged.__dict__.update({k: v for k, v in vars(modules[0]).items() if not k.startswith("__")})
+    return merged
 
 
 def install() -> None:

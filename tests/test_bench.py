@@ -12,8 +12,9 @@ import torch
 from minddp.perf.costmodel import busbw_factor
 from minddp.perf.sweep import OPS, fit_alpha_beta, run_op
 from minddp.tools import render
-from tests import forked, multiproc
-from tests.conftest import BIN, ROOT, SMALL, metrics, run_train
+from tests import launch
+from tests.conftest import BIN, ROOT, SMALL, metrics
+from tests.launch import run_train
 
 
 def plt_image(path):
@@ -35,7 +36,7 @@ def _all_ops(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_op_is_checked_and_correct(world_size):
-    rows = multiproc.run(_all_ops, world_size, timeout=120)[0]
+    rows = launch.ranks(_all_ops, world_size, timeout=120)[0]
     for op, rs in rows.items():
         assert [r["size"] for r in rs] == sorted({r["size"] for r in rs}), (op, rs)  # three sizes, rising
         for r in rs:  # the columns are nccl-tests': algbw = size / time, in GB/s
@@ -73,7 +74,7 @@ def _wrong_counts(rank, world_size):
 
 
 def test_wrong_results_are_counted():
-    for broken, real in multiproc.run(_wrong_counts, 2):
+    for broken, real in launch.ranks(_wrong_counts, 2):
         assert broken == 16 and real == 0  # every one of the 16 elements is wrong, then none
 
 
@@ -150,7 +151,7 @@ def test_scaling_table_and_figure_hold_the_runs_numbers(tmp_path, drawn_figures,
 def test_timeline_figure_draws_every_span_of_the_trace(tmp_path, drawn_figures):
     from matplotlib.colors import to_hex
 
-    from minddp.train.steptrace import chrome_trace, render
+    from minddp.train.metrics.steptrace import chrome_trace, render
 
     rank0 = {"compute": [("forward 0", 0.0, 0.010), ("backward 0", 0.010, 0.030),
                          ("exposed wait", 0.030, 0.032)],
@@ -188,7 +189,7 @@ def test_cli_under_torchrun_writes_json(tmp_path):
 @pytest.mark.slow
 def test_scaling_study_smoke(tmp_path):
     out = tmp_path / "scaling"
-    p = forked.run(["-m", "minddp", "scaling", "--worlds", "1,2", "--caps", "25", "--steps", "4",
+    p = launch.script(["-m", "minddp", "scaling", "--worlds", "1,2", "--caps", "25", "--steps", "4",
                     "--warmup", "1", "--out", str(out), "data=synthetic", "model.n_layer=1",
                     "wandb.mode=disabled"], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -214,7 +215,7 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
     for nproc, cap in ((1, 0.01), (2, 0.01), (2, 25)):
         run_train(sweep / f"ws{nproc}-cap{cap}", *SMALL, "train.max_steps=3", f"ddp.bucket_cap_mb={cap}",
                   nproc=nproc)
-    p = forked.run(["-m", "minddp", "report", str(sweep)], timeout=120)
+    p = launch.script(["-m", "minddp", "report", str(sweep)], timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     text = (sweep / "report.md").read_text()
     assert "swept: world_size, ddp.bucket_cap_mb" in text
@@ -245,8 +246,9 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     """Smoke runs of `make bench` and `make bench-trainer` at the smallest sizes."""
     out = tmp_path / "bench_ddp.md"
     # 3 rounds: torch DDP logs its rebuilt bucket sizes only after a few iterations
-    p = forked.run(["-m", "minddp", "bench-ddp", "--repeats", "1", "--rounds", "3", "--steps-per-round", "1",
-                    "--n-layer", "1", "--n-embd", "96", "--caps", "0.05", "--out", str(out)], 2, timeout=300)
+    argv = ["-m", "minddp", "bench-ddp", "--repeats", "1", "--rounds", "3", "--steps-per-round", "1",
+            "--n-layer", "1", "--n-embd", "96", "--caps", "0.05", "--out", str(out)]
+    p = launch.script(argv, 2, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 0.05 |"))
@@ -257,7 +259,7 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     assert text == render.markdown(doc["blocks"]) + "\n" and doc["data"]["ratios"]["0.05"][0] > 0
     out = tmp_path / "bench_trainer.md"
     env = {**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")}
-    p = forked.run(["-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1", "--steps", "1",
+    p = launch.script(["-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1", "--steps", "1",
                     "--out", str(out)], 2, env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from minddp.errors import ConfigError
-from minddp.train import data, tokens
+from minddp.train import data
+from minddp.train.data import tokens
 from tests.conftest import ROOT, SMALL
-from tests.multiproc import free_port
+from tests.launch import free_port
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
 
@@ -294,6 +295,7 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
     import torch
 
     from minddp.train import trainer as trainer_mod
+    from minddp.train.resume import state
 
     llmc_folder(tmp_path / "shards", n=400)
     monkeypatch.chdir(tmp_path)
@@ -311,7 +313,8 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
                            "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=2", run_dir=run)
     with caplog.at_level(logging.INFO, logger="minddp"):
         t.setup()
-        t.save(0)
+        state.save(run, 0, model=t.model, opt=t.opt, sched=t.sched, batches=t.batches, mesh=t.mesh,
+                   device=t.info.device, saved_with={"config": t.run_config(), "data": t.data_info.as_dict()})
     folder = str(tmp_path / "shards")
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["model"]["vocab_size"] == 50_257 and info["config"]["data"]["dir"] == folder
@@ -330,7 +333,7 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
 
 # ------------------------------------------ data fingerprints and rank agreement (issue 28)
 def test_the_fingerprint_follows_the_bytes_not_the_folder(tmp_path):
-    from minddp.train import integrity
+    from minddp.train.data import fingerprint
 
     a = load(nanogpt(tmp_path / "a"))[2].fingerprint
     assert a and load(nanogpt(tmp_path / "b"))[2].fingerprint == a  # same files elsewhere: same data
@@ -340,15 +343,15 @@ def test_the_fingerprint_follows_the_bytes_not_the_folder(tmp_path):
     assert load(tmp_path / "b")[2].fingerprint != a
     big = tmp_path / "big.bin"
     big.write_bytes(bytes(9 << 20))
-    before = integrity.fingerprint([big])
+    before = fingerprint.fingerprint([big])
     with open(big, "r+b") as f:
         f.seek(len(f.read()) - 10)
         f.write(b"x")
-    assert integrity.fingerprint([big]) != before  # the tail of a big file is sampled
+    assert fingerprint.fingerprint([big]) != before  # the tail of a big file is sampled
 
 
 def test_resume_on_changed_data_is_refused_unless_forced():
-    from minddp.train import resume_check
+    from minddp.train.resume import check as resume_check
 
     saved, now = {"fingerprint": "aaaa", "dir": "/d"}, {"fingerprint": "bbbb", "dir": "/d"}
     with pytest.raises(ConfigError, match=r"other data than it was trained on: data fingerprint aaaa -> bbbb "
@@ -364,26 +367,26 @@ def _load_agreed(rank, world_size, folders):
 
 
 def test_one_ranks_broken_file_is_the_same_error_on_every_rank_at_once(tmp_path):
-    from tests import multiproc
+    from tests import launch
 
     good, bad = nanogpt(tmp_path / "good"), nanogpt(tmp_path / "bad")
     (bad / "train.bin").write_bytes(b"")
     t0 = __import__("time").monotonic()
-    errors = multiproc.run_expect_errors(_load_agreed, 2, [good, bad], timeout=60)
+    errors = launch.ranks_expect_errors(_load_agreed, 2, [good, bad], timeout=60)
     assert __import__("time").monotonic() - t0 < 20
     want = f"ConfigError: on rank 1 (1 of 2 ranks failed): {bad}/train.bin is empty"
     assert all(want in errors[r] for r in (0, 1)), errors
 
 
 def test_ranks_reading_different_files_is_an_error_on_every_rank(tmp_path):
-    from tests import multiproc
+    from tests import launch
 
     a, b = nanogpt(tmp_path / "a"), nanogpt(tmp_path / "b", n_train=500)
-    errors = multiproc.run_expect_errors(_load_agreed, 2, [a, b], timeout=60)
+    errors = launch.ranks_expect_errors(_load_agreed, 2, [a, b], timeout=60)
     for r in (0, 1):
         assert "ConfigError: the ranks read different data (fingerprints rank 0: " in errors[r], errors[r]
         assert f"from {a}; rank 1: " in errors[r] and f"from {b})" in errors[r]
-    assert len(set(multiproc.run(_load_agreed, 2, [a, a], timeout=60))) == 1
+    assert len(set(launch.ranks(_load_agreed, 2, [a, a], timeout=60))) == 1
 
 
 @pytest.mark.slow
@@ -411,7 +414,7 @@ def test_a_bad_file_on_one_rank_exits_2_on_every_rank_within_seconds(tmp_path):
 def test_data_missing_on_one_rank_only_exits_2_on_every_rank_within_seconds(tmp_path, kind):
     """Rank 1's node lacks the folder (or file): found out after the process group exists, agreed,
     so every rank names it at once (checked before the group existed, rank 1 exited alone)."""
-    from tests.conftest import run_train
+    from tests.launch import run_train
 
     if kind == "tokens":
         nanogpt(tmp_path / "d0")
@@ -432,7 +435,7 @@ def test_data_missing_on_one_rank_only_exits_2_on_every_rank_within_seconds(tmp_
 
 @pytest.mark.slow
 def test_resume_on_data_changed_under_the_same_folder_is_refused(tmp_path):
-    from tests.conftest import run_train
+    from tests.launch import run_train
 
     d = nanogpt(tmp_path / "d", n_train=4000)
     args = [*TOK, "data=tokens", f"data.dir={d}", "train.max_steps=4", "train.ckpt_every=2"]

@@ -20,10 +20,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from minddp.errors import ConfigError
-from minddp.train import atomic, checkpoint, integrity, resume
+from minddp.train import checkpoint, resume
+from minddp.train.build import build_model, build_optimizer
+from minddp.train.checkpoint import integrity
 from minddp.train.config import default_run_dir, register
-from minddp.train.trainer import build_model, build_optimizer
-from tests.conftest import ROOT, SMALL, env_for, metrics, run_train, wait_for_step
+from minddp.train.io import atomic
+from tests.conftest import ROOT, SMALL, metrics
+from tests.launch import env_for, run_train, wait_for_step
 
 register()
 

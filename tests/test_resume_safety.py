@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from minddp.errors import ConfigError
 from minddp.train import checkpoint
 from minddp.train.config import register, validate
-from tests.conftest import ROOT, SMALL, metrics, run_train
+from tests.conftest import ROOT, SMALL, metrics
+from tests.launch import run_train
 
 register()
 
@@ -113,7 +114,7 @@ def test_orphan_temporary_files_of_both_namings_are_removed_at_start_up(tmp_path
 
 # --------------------------------------------- item 2: what a crash leaves behind
 def test_a_torn_last_metrics_line_is_dropped_and_reported(tmp_path, caplog):
-    from minddp.train.tracking import Tracker
+    from minddp.train.metrics.tracking import Tracker
 
     rows = "".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 6))
     (tmp_path / "metrics.jsonl").write_text(rows + '{"step": 6, "lo')  # the disk filled mid-line
@@ -180,7 +181,7 @@ def test_the_ranks_error_line_is_printed_even_if_the_flight_recorder_dump_fails(
     from hydra.core.hydra_config import HydraConfig
 
     import train  # the repository root is on sys.path (tests/ is a package)
-    from minddp.train import flight_recorder
+    from minddp.train.metrics import flight_recorder
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["data=synthetic", f"hydra.run.dir={tmp_path}"],
@@ -211,7 +212,7 @@ def _config(*overrides):
 
 
 def test_settings_that_break_an_exact_resume_are_refused_with_a_diff():
-    from minddp.train import resume_check
+    from minddp.train.resume import check as resume_check
 
     saved = _config("data=synthetic")
     new = _config("data=synthetic", "seed=1", "model.n_embd=64", "train.global_batch_size=64",
@@ -228,7 +229,7 @@ def test_settings_that_break_an_exact_resume_are_refused_with_a_diff():
 
 
 def test_what_may_change_on_resume_is_applied(tmp_path):
-    from minddp.train import resume_check
+    from minddp.train.resume import check as resume_check
 
     keep = ["train.micro_batch_size=4", "mesh.tp=2", "ddp.compress=bf16", "train.eval_every=7",
             "train.log_every=5", "optim.min_lr=0", "optim.warmup_steps=0", "optim.weight_decay=0",

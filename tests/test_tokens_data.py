@@ -8,9 +8,11 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from minddp.errors import ConfigError
-from minddp.train import data, tokens
-from tests import forked
-from tests.conftest import SMALL, assert_same_curves, metrics, run_train
+from minddp.train import data
+from minddp.train.data import tokens
+from tests import launch
+from tests.conftest import SMALL, assert_same_curves, metrics
+from tests.launch import run_train
 
 TOK = [a for a in SMALL if not a.startswith("data=")]
 
@@ -176,7 +178,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
     for tok in ("bytes", "bpe"):
         out = tmp_path / f"data-{tok}"
         bpe = ["--vocab-size", "300"] if tok == "bpe" else []
-        p = forked.run(["-m", "minddp", "prepare", str(corpus), "--out", str(out), "--tokenizer", tok,
+        p = launch.script(["-m", "minddp", "prepare", str(corpus), "--out", str(out), "--tokenizer", tok,
                         "--val-fraction", "0.1", *bpe], timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         assert {f.name for f in out.iterdir()} >= {"train.bin", "val.bin", "meta.pkl", "tokenizer.json"}
@@ -185,7 +187,7 @@ def test_prepare_train_sample_end_to_end(tmp_path):
         run = tmp_path / f"run-{tok}"
         run_train(run, *TOK, "data=tokens", f"data.dir={out}", "train.max_steps=30", "optim.lr=3e-3",
                   "train.eval_every=0")
-        s = forked.run(["-m", "minddp", "sample", str(run), "--prompt", "the quick", "--tokens", "20",
+        s = launch.script(["-m", "minddp", "sample", str(run), "--prompt", "the quick", "--tokens", "20",
                         "--temperature", "0"], timeout=120)
         assert s.returncode == 0, s.stderr[-2000:]
         assert s.stdout.startswith("the quick") and len(s.stdout) > len("the quick") + 5, s.stdout
@@ -207,7 +209,7 @@ def test_prepare_bad_input_is_a_clear_error(tmp_path, capsys, setup, message):
 
 
 def test_prepare_refuses_a_vocabulary_that_fits_no_dtype(tmp_path):
-    from minddp.tools.prepare import PrepareError, dtype_for
+    from minddp.train.data.prepare import PrepareError, dtype_for
 
     with pytest.raises(PrepareError, match="does not fit uint32"):
         dtype_for(2**33)

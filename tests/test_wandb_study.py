@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, SMALL, metrics, run_train
+from tests.conftest import ROOT, SMALL, metrics
+from tests.launch import run_train
 from tests.wandb_offline import runs_under, table
 
 IDENTITY = ("world_size", "dp", "tp", "nodes", "nproc_per_node", "backend", "device", "num_params",
@@ -98,7 +99,7 @@ def test_where_wandb_cannot_rewind_the_resume_is_a_new_run_linked_in_its_config(
     import wandb
     from omegaconf import OmegaConf
 
-    from minddp.train.tracking import Tracker, _wandb_id
+    from minddp.train.metrics.tracking import Tracker, _wandb_id
 
     real = wandb.init
 
@@ -224,7 +225,7 @@ def test_an_unknown_scaling_mode_is_one_line_naming_both(tmp_path):
 
 
 def test_the_summary_is_the_steady_state_of_every_row():
-    from minddp.train.summary import summary
+    from minddp.train.metrics.summary import summary
 
     rows = [{"step": s, "loss": 6.0 - s, "step_time_s": 9.0 if s <= 2 else 1.0 + s / 100,
              "tokens_per_s": 100.0,
@@ -241,7 +242,7 @@ def test_the_summary_is_the_steady_state_of_every_row():
 def test_identity_names_differ_by_variant_and_repeat():
     from omegaconf import OmegaConf
 
-    from minddp.train import identity
+    from minddp.train.metrics import identity
 
     cfg = OmegaConf.create({"model": {"name": "gpt", "block_size": 32}, "train": {"micro_batch_size": 4},
                             "ddp": {"bucket_cap_mb": None}, "wandb": {"name": None}})
@@ -251,7 +252,7 @@ def test_identity_names_differ_by_variant_and_repeat():
 
 
 def test_the_git_commit_is_read_from_the_checkout_without_git(tmp_path):
-    from minddp.train.identity import git_commit
+    from minddp.train.metrics.identity import git_commit
 
     assert git_commit(tmp_path) is None  # not a checkout
     git = tmp_path / ".git"

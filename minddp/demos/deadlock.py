@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minddp.train import flight_recorder
+from minddp.train.metrics import flight_recorder
 
 from .common import device, print_table
 

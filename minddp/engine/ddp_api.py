@@ -88,7 +88,7 @@ class PublicAPI:
 
     @property
     def trace(self) -> list | None:
-        """Set to a list to record (event, bucket, time) tuples (minddp.train.steptrace)."""
+        """Set to a list to record (event, bucket, time) tuples (minddp.train.metrics.steptrace)."""
         return self.observer.trace
 
     @trace.setter

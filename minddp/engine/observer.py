@@ -15,7 +15,7 @@ The engine (ddp.py) calls an observer at these points and does not know what it 
     read()                    `ddp.comm_stats` was read
 
 `Observer` keeps `CommStats` (host clock), the optional trace (`ddp.trace = []` records
-(event, bucket, time) tuples: see minddp.train.steptrace) and torch.profiler ranges.
+(event, bucket, time) tuples: see minddp.train.metrics.steptrace) and torch.profiler ranges.
 `CudaObserver` times the work itself with CUDA events: on nccl a collective's future
 completes when it is enqueued, so a host clock would read ~0 (events are read lazily,
 when `comm_stats` is read: no host sync per step).

@@ -28,8 +28,9 @@ from torch.nn import functional as F
 
 from ..parallel.dist import exit_worker
 from ..perf.clock import Clock, interleaved, timed
+from ..train.build import build_model
 from ..train.config import register
-from ..train.trainer import Trainer, build_model
+from ..train.trainer import Trainer
 from . import render
 from .cli import pin_to_core, ranks_phrase
 from .workload import GPT_PRESETS, overrides

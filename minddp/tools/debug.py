@@ -1,6 +1,6 @@
 """Who is stuck where: `minddp debug <run dir>` reads every rank's flight-recorder dump.
 
-The dumps are torch's own (written by minddp.train.flight_recorder on an exception, a
+The dumps are torch's own (written by minddp.train.metrics.flight_recorder on an exception, a
 collective timeout or SIGTERM), plus minddp's context per rank (step, phase, group ranks).
 The answer names, group by group, each rank's last collective and who never called the
 one the others wait in.
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..train import safe_pickle
+from ..train.io import safe_pickle
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}

@@ -11,7 +11,7 @@ are keyed by the swept keys: those set on a command line (`.hydra/overrides.yaml
 values differ between runs, and the world size (every differing key when no run has
 overrides); columns:
 median step time and tokens/s (after the first fifth of the logged steps: the numbers of the
-run's summary.json, minddp.train.summary), the scaling efficiency against the smallest world
+run's summary.json, minddp.train.metrics.summary), the scaling efficiency against the smallest world
 size with the same other keys and scaling mode (1.00 is perfect): strong scaling (fixed global
 batch) T1 / (n Tn), weak scaling (fixed batch per rank) T1 / Tn, which one in the column
 `scaling`; the exposed-communication fraction, final loss and validation loss, `mfu` where
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from ..train import summary as steady
-from ..train.resume_check import flatten
+from ..train.metrics import summary as steady
+from ..train.resume.check import flatten
 from . import render
 from .cli import pyplot
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ..perf.clock import PhaseClock, after_warmup, sync
 from ..perf.engine_bench import phases
-from ..train.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
+from ..train.metrics.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
 from .cli import start
 from .workload import bench_gpt, lm_loss
 

@@ -9,7 +9,7 @@ the world size, one line per value of the other swept keys (bucket cap, variant,
 minddp.perf.costmodel.predict_ddp_comm) and `report/rank_spread` (the ranks' min / median / max
 step time); and the report's PNG as `report/figure` (a wandb.Image). W&B's mode is the runs'
 `wandb.mode` where they agree, else auto (online with an API key, else offline:
-minddp.train.tracking.resolve_wandb_mode); disabled runs get no report run; the offline run
+minddp.train.metrics.tracking.resolve_wandb_mode); disabled runs get no report run; the offline run
 lands in DIR/wandb/, and one command uploads the whole folder (`upload_command`).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..train.tracking import resolve_wandb_mode
+from ..train.metrics.tracking import resolve_wandb_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 

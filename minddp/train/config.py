@@ -191,7 +191,7 @@ def default_run_dir(prefix: str = "outputs", resume: str | None = None) -> str:
     (equal on all ranks; it is --rdzv_id, e.g. the Slurm job id, on multi-node), else a
     timestamp (one process, nothing to agree with).
     """
-    from .checkpoint import resume_run_dir
+    from .checkpoint.choice import resume_run_dir
 
     if os.environ.get("MINDDP_RUN_DIR"):
         return os.environ["MINDDP_RUN_DIR"]

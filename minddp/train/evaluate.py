@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from . import flight_recorder
-from .data import collate
+from .data.batches import collate
+from .metrics import flight_recorder
 
 
 @torch.no_grad()

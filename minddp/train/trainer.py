@@ -33,19 +33,24 @@ from ..engine.ddp import DistributedDataParallel
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
-from . import checkpoint, consistency, flight_recorder, flops, resume, resume_check, state, steptrace
-from . import identity as ident_
-from .atomic import atomic_write
-from .build import build_model, build_optimizer, lr_factor, run_name  # noqa: F401 - also importable here
+from . import checkpoint
+from .build import build_model, build_optimizer, lr_factor
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
-from .faults import Faults
-from .guard import SkipGuard
-from .signals import StopRequest
-from .steptrace import StepTrace
-from .straggler import ArrivalClock, spread
-from .tracking import NullTracker, Tracker
+from .io.atomic import atomic_write
+from .metrics import flight_recorder, flops, steptrace
+from .metrics import identity as ident_
+from .metrics.steptrace import StepTrace
+from .metrics.straggler import ArrivalClock, spread
+from .metrics.tracking import NullTracker, Tracker
+from .resume import check as resume_check
+from .resume import state
+from .resume.command import resume_command
+from .safety import consistency
+from .safety.faults import Faults
+from .safety.guard import SkipGuard
+from .safety.signals import StopRequest
 
 log = logging.getLogger("minddp")
 
@@ -82,21 +87,22 @@ class Trainer:
         self.model = self._build_model()
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
-        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(
-            self.run_dir, t.resume, info.device, resume.shape_check(cfg.model, build_model, self.vocab_size))
-        resume_notes = self._check_resume(ckpt_state)
-        state.load_model(self, ckpt_state)
+        fits = checkpoint.shape_check(cfg.model, build_model, self.vocab_size)  # else corrupt: the previous
+        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits)
+        resume_notes = resume_check.check_saved(ckpt_state, self.run_config(), self.data_info.as_dict(),
+                                                t.resume_force, self.ckpt_path)
+        state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
         self.ddp = self._wrap(self.model)
         self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
-        self.start = state.load_training_state(self, ckpt_state)
+        self._restore(ckpt_state)  # self.start: 0 for a fresh run
         self._setup_throughput()
         self.tracker = self._make_tracker()
         for note in resume_notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
         self._window: list[StepResult] = []  # the steps since the last metrics row
         self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
-        self.skipped, self.guard = 0, SkipGuard(t.max_skipped_steps)
+        self.skipped = 0
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
@@ -108,15 +114,6 @@ class Trainer:
     def run_config(self) -> dict:
         """The configuration a checkpoint saves, and a resume compares against."""
         return OmegaConf.to_container(self.cfg, resolve=True)
-
-    def _check_resume(self, saved) -> list[str]:
-        """Refuse changed settings that break an exact resume; list the applied ones. Every
-        rank holds the same state and config, so all decide alike (no collective)."""
-        if not saved:
-            return []
-        force, path = self.t.resume_force, self.ckpt_path
-        return (resume_check.check(saved.get("config"), self.run_config(), force, path)
-                + resume_check.check_data(saved.get("data"), self.data_info.as_dict(), force, path))
 
     def _build_model(self) -> torch.nn.Module:
         cfg, mesh = self.cfg, self.mesh
@@ -216,18 +213,22 @@ class Trainer:
             times = consistency.check_replicas(self.model, self.mesh.dp_group, self.clock.take())
             self._spread = spread(times)
         if self._should_log(step, result, stopping):
-            self.log(step, self._window, self.evaluate() if self._eval_due(step) else None)
+            val = (evaluate(self.model, self.val_set, self.mesh, t, self.info.device, self.autocast)
+                   if self._eval_due(step) else None)
+            self.log(step, self._window, val)
             self._window = []
         if result.skipped and t.on_nonfinite == "stop":
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
-        self.guard.after_step(step, result.skipped, self)
+        self.guard.after_step(step, result.skipped, self.model, self.opt)
         if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
-            self.save(step)
+            state.save(self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched,
+                       batches=self.batches, mesh=self.mesh, device=self.info.device, log=self.tracker.info,
+                       saved_with={"config": self.run_config(), "data": self.data_info.as_dict()})
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
-                              + resume.resume_command(self.run_dir))
+                              + resume_command(self.run_dir))
         return stopping
 
     def train_step(self, step: int) -> StepResult:
@@ -316,12 +317,14 @@ class Trainer:
             files = steptrace.write(traces, f"{self.run_dir}/trace_step{step}")
             log.info(f"wrote {files[0]} and {files[1]}")
 
-    # ------------------------------------------------- evaluation and checkpoints
-    def evaluate(self) -> float:
-        return evaluate(self.model, self.val_set, self.mesh, self.t, self.info.device, self.autocast)
-
-    def save(self, step: int) -> None:
-        state.save(self, step)
+    # ------------------------------------------------------------ checkpoints
+    def _restore(self, saved) -> None:
+        """Optimizer, schedule and RNG of a loaded checkpoint, and a guard that can name it."""
+        self.start = state.load_training_state(saved, opt=self.opt, sched=self.sched, mesh=self.mesh,
+                                               lr_factor=self.lr_factor, rank=self.info.rank,
+                                               device=self.info.device)
+        self.guard = SkipGuard(self.t.max_skipped_steps, self.cfg.optim.lr, self.info.device, self.start,
+                               self.ckpt_path)
 
     def load(self, path) -> int:
         """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
@@ -329,8 +332,8 @@ class Trainer:
         saved = checkpoint.load(path, self.info.device)
         self.ckpt_path = Path(path)
         self.opt.wait_params()
-        state.load_model(self, saved)
-        self.start = state.load_training_state(self, saved)
+        state.load_model(self.model, saved, self.mesh, self.ckpt_path)
+        self._restore(saved)
         return self.start
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 # seed: weights, dropout and the sampler's order; model.*: the network (block_size: the
 # windows); the global batch: samples per step; data.*: the samples themselves
@@ -82,3 +82,12 @@ def check_data(saved: dict | None, current: dict, force: bool, path) -> list[str
                           "changed since the checkpoint: restore them, start a new run directory, or set "
                           "train.resume_force=true to resume anyway")
     return [f"changed on resume (train.resume_force=true): {line}"]
+
+
+def check_saved(saved: dict | None, config: dict, data: dict, force: bool, path) -> list[str]:
+    """A loaded checkpoint's saved config and data against this run's (`check`, `check_data`).
+    Every rank holds the same state and config, so all decide alike (no collective)."""
+    if not saved:
+        return []
+    return (check(saved.get("config"), config, force, path)
+            + check_data(saved.get("data"), data, force, path))

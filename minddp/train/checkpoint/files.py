@@ -1,17 +1,14 @@
-"""Checkpoints: written atomically by rank 0, chosen by rank 0, read by every rank.
+"""Checkpoint files: written atomically by rank 0, listed, read back whole, and told apart
+when they fail (corrupt: an older one may do; transient: stop).
 
 A checkpoint is one file `ckpt_<step>.pt` under `<run dir>/checkpoints/`, written to a
 unique temporary name, flushed to disk, renamed into place, and the directory fsynced,
 so a crash mid-write never leaves a truncated checkpoint where `latest()` finds it, and a
 power loss cannot lose the rename. Loading is `weights_only=True`: a checkpoint is a
-pickle, and one from someone else must not run code on this machine.
-
-Progress is never lost: a file that cannot be parsed, lacks a key the trainer reads, fails
-its checksum (integrity.py) or holds a tensor of the wrong shape (corrupt) is named and
-skipped for an older one, but an I/O or out-of-memory error (transient: the file may be fine)
-stops the run; a run whose checkpoints all fail stops (exit 2) instead of starting over; a
-fresh start refuses a run directory that already holds checkpoints; and a `checkpoints` link
-to nothing (an unmounted disk) is refused instead of read as "no checkpoints".
+pickle, and one from someone else must not run code on this machine. A file that cannot be
+parsed, lacks a key the trainer reads or fails its checksum (integrity.py) is a
+CheckpointError (corrupt); an I/O or out-of-memory error is not (the file may be fine).
+Which checkpoint a run resumes from: choice.py.
 """
 
 from __future__ import annotations
@@ -25,11 +22,10 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ..io.atomic import atomic_open, remove_orphans
 from . import integrity
-from .atomic import atomic_open, remove_orphans
 
 log = logging.getLogger("minddp")
 
@@ -187,119 +183,3 @@ def _unreadable(path, e: Exception) -> str:
                 "containers, whose loading could run code (weights_only=True). minddp never writes "
                 "such checkpoints; if you trust the file, convert it to a plain state dict")
     return f"checkpoint {path} is unreadable (truncated or corrupt): {type(e).__name__}: {str(e)[:200]}"
-
-
-def resume_run_dir(resume: str) -> Path | None:
-    """The run dir a `train.resume=<folder>` names: the folder, or its parent when the folder
-    is the checkpoints folder itself. None when resume is not a folder."""
-    p = Path(resume)
-    if resume in ("none", "auto") or not p.is_dir():
-        return None
-    return p.parent if p.name == "checkpoints" or any(p.glob("ckpt_*.pt")) else p
-
-
-def _check_link(run_dir) -> None:
-    d = checkpoint_dir(run_dir)
-    if d.is_symlink() and not d.exists():
-        raise CheckpointError(
-            f"{d} is a symlink to {os.readlink(d)}, which does not exist (an unmounted disk?): the run's "
-            "checkpoints cannot be seen. Mount it or fix the link (or remove it to start over); nothing "
-            "was changed")
-    if d.exists() and not d.is_dir():
-        raise CheckpointError(f"{d} is not a folder: move it away; nothing was changed")
-
-
-def resolve(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dict | None]:
-    """train.resume: none -> a fresh start, refused over existing checkpoints; a file -> that
-    checkpoint or a clear error; auto, or this run dir (or its checkpoints folder) -> its
-    newest usable checkpoint, skipping (and naming) corrupt ones; fresh (auto only) if the
-    run has none. `accept(path, state)` may refuse a loaded state as corrupt (CheckpointError)."""
-    _check_link(run_dir)
-    found = all_checkpoints(run_dir)
-    if resume == "none":
-        if found:
-            raise CheckpointError(
-                f"train.resume=none, but the run dir {run_dir} already holds {len(found)} checkpoint(s) "
-                f"(newest {found[0]}) that a fresh start would overwrite: continue it with "
-                "train.resume=auto, or give this run a new directory (MINDDP_RUN_DIR or hydra.run.dir)")
-        return None, None
-    folder = resume_run_dir(resume)
-    if folder is None and resume != "auto":
-        if not os.path.exists(resume):
-            raise CheckpointError(f"train.resume={resume!r}: no such checkpoint (use none, auto or a path)")
-        return _accepted(Path(resume), load(resume, device), accept)
-    if folder is not None and os.path.realpath(folder) != os.path.realpath(run_dir):
-        raise CheckpointError(
-            f"train.resume={resume} continues the run dir {folder}, but this run writes to {run_dir} "
-            "(MINDDP_RUN_DIR or hydra.run.dir): unset that, or give train.resume a checkpoint file")
-    if not found:
-        if folder is not None:
-            raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume. Start "
-                                  "that run dir fresh with train.resume=auto")
-        log.info(f"no checkpoint in {checkpoint_dir(run_dir)}: starting fresh")
-        return None, None
-    return _newest_usable(run_dir, found, device, accept)
-
-
-def _accepted(path: Path, state: dict, accept) -> tuple[Path, dict]:
-    """A state to resume from: every nested key the trainer reads, and what `accept` checks."""
-    if problem := integrity.layout_problem(state):
-        raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
-    if accept is not None:
-        accept(path, state)
-    return path, state
-
-
-def _newest_usable(run_dir, found: list[Path], device, accept) -> tuple[Path, dict]:
-    failures = []
-    for path in found:
-        try:
-            return _accepted(path, load(path, device), accept)
-        except CheckpointError as e:  # corrupt: an older one may do; transient errors propagate
-            failures.append(str(e))
-            log.warning(f"{e}; trying the previous checkpoint")
-    raise CheckpointError(
-        f"train.resume=auto: none of the {len(found)} checkpoints in {checkpoint_dir(run_dir)} can "
-        "be read, and starting over would lose the run's progress. Each one:\n  "
-        + "\n  ".join(failures) + "\nNothing was changed. Resume from a good copy with "
-        "train.resume=<path>, or move the checkpoints away to start over")
-
-
-def resolve_agreed(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dict | None]:
-    """`resolve` on rank 0, whose choice is broadcast: on a shared filesystem with attribute
-    caching, ranks listing the directory themselves could resume from different steps. Any
-    failure, on any rank, is raised on every rank (never a rank waiting for a dead peer)."""
-    single = not dist.is_initialized() or dist.get_world_size() == 1
-    if single or dist.get_rank() == 0:
-        remove_crash_leftovers(run_dir)
-    if single:
-        return resolve(run_dir, resume, device, accept)
-    path, state, error = None, None, None
-    choice = [None]
-    if dist.get_rank() == 0:
-        try:
-            path, state = resolve(run_dir, resume, device, accept)
-            choice = [str(path) if path else None]
-        except Exception as e:  # noqa: BLE001 - reported on every rank below
-            error = e
-    dist.broadcast_object_list(choice, src=0)
-    if dist.get_rank() != 0 and error is None and choice[0]:
-        try:
-            path, state = _accepted(Path(choice[0]), load(choice[0], device), accept)
-        except Exception as e:  # noqa: BLE001
-            error = e
-    _raise_together(error)
-    return path, state
-
-
-def _raise_together(error: BaseException | None) -> None:
-    """Every rank learns every rank's failure; each raises its own, or the first one's kind."""
-    errors = [None] * dist.get_world_size()
-    mine = None if error is None else (isinstance(error, ConfigError), f"{type(error).__name__}: {error}")
-    dist.all_gather_object(errors, mine)
-    if error is not None:
-        raise error
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if failed:
-        rank, (config, text) = failed[0]
-        raise (CheckpointError if config else CheckpointReadError)(f"rank {rank} could not resume: {text}")

@@ -1,16 +1,11 @@
-"""Data: token files read through a memmap, sharded with DistributedSampler.
+"""What a run trains on: token files read through a memmap, a text corpus, or a synthetic task.
 
 One reader for every source: a folder of token files (`data=tokens`: nanoGPT's, llm.c's or
 build-nanogpt's layout, opened and checked in tokens.py), byte-level text (`data=text`,
 cached once as a token file of bytes), and a synthetic task. Every data set
 is map-style and yields windows of `block_size + 1` token ids; a batch's inputs are the
 first `block_size` and its targets the last. Windows never span two shards.
-
-Sharding keeps the loss curve independent of how the global batch is split:
-the sampler's permutation depends only on (seed, epoch), rank r takes
-positions r, r+dp, r+2dp, ..., and each step consumes a contiguous run of its
-shard, so step s covers global samples [s*G, (s+1)*G) for any dp size: a run
-can resume on another number of ranks and see the same samples.
+Each rank's batches: batches.py.
 """
 
 from __future__ import annotations
@@ -24,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
-from ..errors import ConfigError
-from . import agree, integrity, tokens
-from .atomic import atomic_write
+from ...errors import ConfigError
+from ..io.atomic import atomic_write
+from ..safety.together import together
+from . import tokens
+from .fingerprint import fingerprint
 
 
 class TokenWindows(Dataset):
@@ -143,7 +140,7 @@ class DataInfo:
     files: dict = field(default_factory=dict)  # split -> number of files
     tokens: dict = field(default_factory=dict)  # split -> number of tokens
     dtype: str | None = None  # of the token ids on disk
-    fingerprint: str | None = None  # of the files read (integrity.fingerprint); None: synthetic
+    fingerprint: str | None = None  # of the files read (fingerprint.py); None: synthetic
 
     def summary(self) -> str:
         parts = [self.format + (f" {self.dtype}" if self.dtype else "")]
@@ -173,7 +170,7 @@ def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
                     {s: len(v) for s, v in folder.splits.items()},
                     {s: sum(len(sh.tokens) for sh in v) for s, v in folder.splits.items()},
                     str(folder.splits["train"][0].tokens.dtype),
-                    integrity.fingerprint([sh.path for v in folder.splits.values() for sh in v]))
+                    fingerprint([sh.path for v in folder.splits.values() for sh in v]))
     return sets["train"], sets["val"], info
 
 
@@ -195,7 +192,7 @@ def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Datas
     info = DataInfo("bytes corpus", vocab_size or tokens.BYTE_VOCAB,
                     "model.vocab_size" if vocab_size else "bytes", data_cfg.path,
                     tokens={k: len(v) for k, v in parts.items()}, dtype="uint8",
-                    fingerprint=integrity.fingerprint([ids.filename]))
+                    fingerprint=fingerprint([ids.filename]))
     return TokenWindows(parts["train"], block_size), TokenWindows(parts["val"], block_size), info
 
 
@@ -223,10 +220,10 @@ def load_data_agreed(data_cfg, block_size: int, vocab_size: int | None = None):
     result, error = None, None
     try:
         result = load_data(data_cfg, block_size, vocab_size)
-    except Exception as e:  # noqa: BLE001 - raised on every rank by agree.together
+    except Exception as e:  # noqa: BLE001 - raised on every rank by together
         error = e
     info = result[2] if result else None
-    seen = agree.together(error, info and (info.fingerprint, info.dir or data_cfg.get("path")))
+    seen = together(error, info and (info.fingerprint, info.dir or data_cfg.get("path")))
     if len({fp for fp, _ in seen}) > 1:
         ranks = "; ".join(f"rank {r}: {fp} from {where}" for r, (fp, where) in enumerate(seen))
         raise ConfigError(f"the ranks read different data (fingerprints {ranks}): every rank must read "
@@ -240,56 +237,3 @@ def record_in_config(cfg, info: DataInfo) -> None:
     cfg.model.vocab_size = info.vocab_size
     if cfg.data.name == "tokens":
         cfg.data.dir = info.dir
-
-
-def collate(dataset: Dataset, indices: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) on `device`: one copy from pinned memory on CUDA (truly asynchronous)."""
-    w = dataset.batch(indices) if hasattr(dataset, "batch") else torch.stack([dataset[i] for i in indices])
-    if device.type == "cuda":
-        w = w.pin_memory().to(device, non_blocking=True)
-    else:
-        w = w.to(device)
-    return w[:, :-1], w[:, 1:]
-
-
-class ShardedBatches:
-    """This rank's micro-batches for any optimizer step: resumable from the step alone."""
-
-    def __init__(self, dataset, dp_size, dp_rank, micro_batch, accum, seed, device):
-        self.dataset, self.micro, self.accum, self.device = dataset, micro_batch, accum, device
-        self.global_batch = micro_batch * accum * dp_size
-        self.sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank,
-                                          shuffle=True, seed=seed, drop_last=True)
-        self.steps_per_epoch = len(self.sampler) // (micro_batch * accum)  # = len // global: any dp
-        if self.steps_per_epoch == 0:  # a configuration error: exit 2 on every rank, no traceback
-            raise ConfigError(
-                f"the training set has {len(dataset)} samples, fewer than one global batch "
-                f"({self.global_batch}): use more data or a smaller train.global_batch_size")
-        self.epoch, self._indices = None, None
-
-    def position(self, step: int) -> tuple[int, int]:
-        """(epoch, step within the epoch) of a global optimizer step."""
-        return divmod(step, self.steps_per_epoch)
-
-    def samples_seen(self, step: int) -> int:
-        """Global sample index after `step` steps: the same for any number of ranks."""
-        return step * self.global_batch
-
-    def get(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, k = self.position(step)
-        if epoch != self.epoch:
-            self.epoch, self._indices = epoch, self.epoch_indices(epoch)  # a new order every epoch
-        per_step = self.micro * self.accum
-        idx = self._indices[k * per_step : (k + 1) * per_step].tolist()
-        return [collate(self.dataset, idx[m * self.micro : (m + 1) * self.micro], self.device)
-                for m in range(self.accum)]
-
-    def epoch_indices(self, epoch: int) -> torch.Tensor:
-        """Exactly `DistributedSampler(shuffle=True, drop_last=True)`'s order after set_epoch(epoch),
-        kept as one int64 tensor: a Python list of every window index would cost ~36 bytes
-        per window, and grow with the data set."""
-        s = self.sampler
-        g = torch.Generator()
-        g.manual_seed(s.seed + epoch)
-        perm = torch.randperm(len(self.dataset), generator=g)[: s.total_size]
-        return perm[s.rank : s.total_size : s.num_replicas].clone()

@@ -1,5 +1,5 @@
-"""Integrity: a checksum of everything a checkpoint holds, its required layout, and a
-fingerprint of the data files a run reads.
+"""Integrity: a checksum of everything a checkpoint holds, its required layout, and the
+check that its tensors fit this model.
 
 A checkpoint's `checksums` map every leaf (each tensor's dtype, shape and bytes; each number
 and string) to its CRC-32, computed before `torch.save` and again after `torch.load`: one
@@ -7,17 +7,14 @@ flipped bit anywhere in what is loaded is a mismatch, hence a corrupt file (the 
 back to the previous checkpoint). A flip in the zip's own bookkeeping either fails the load or
 changes nothing that is loaded.
 
-A data fingerprint is the files' names and sizes plus a hash of their bytes: whole files up
-to 4 MiB, else the first and last 64 KiB and 16 blocks of 4 KiB spread over the file (cheap
-on any size; an edit of the same length between two samples of a big file goes unseen).
+A tensor of the wrong shape under an unchanged model config is a corrupt file too
+(`shape_problem`, `optimizer_problem`; choice.shape_check): the previous checkpoint is used
+instead.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import zlib
-from pathlib import Path
 
 import torch
 
@@ -102,26 +99,15 @@ def shape_problem(tensors: dict, expected: dict, what: str) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------- data files
-WHOLE, EDGE, BLOCK, SAMPLES = 4 << 20, 64 << 10, 4 << 10, 16
-
-
-def _sample_offsets(size: int) -> list[tuple[int, int]]:
-    if size <= WHOLE:
-        return [(0, size)]
-    step = (size - 2 * EDGE) // (SAMPLES + 1)
-    return ([(0, EDGE)] + [(EDGE + k * step, BLOCK) for k in range(1, SAMPLES + 1)]
-            + [(size - EDGE, EDGE)])
-
-
-def fingerprint(paths) -> str:
-    """A short hash of the files' names, sizes and sampled bytes (see the module's docstring)."""
-    h = hashlib.sha1()
-    for p in paths:
-        size = os.path.getsize(p)
-        h.update(f"{Path(p).name}|{size}\n".encode())
-        with open(p, "rb") as f:
-            for offset, n in _sample_offsets(size):
-                f.seek(offset)
-                h.update(f.read(n))
-    return h.hexdigest()[:16]
+def optimizer_problem(opt: dict, shapes: list) -> str | None:
+    count = sum(len(g.get("params", ())) for g in opt["param_groups"] if isinstance(g, dict))
+    if count != len(shapes):
+        return f"the optimizer state is for {count} parameters, this model has {len(shapes)}"
+    for idx, st in opt["state"].items():
+        if not (isinstance(idx, int) and 0 <= idx < len(shapes) and isinstance(st, dict)):
+            return f"the optimizer state has an entry {idx!r} that is no parameter's"
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != tuple(shapes[idx]):
+                return (f"optimizer state {idx}.{key}: shape {tuple(v.shape)}, its parameter's is "
+                        f"{tuple(shapes[idx])}")
+    return None

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..io.atomic import atomic_write
 from . import summary as steady
-from .atomic import atomic_write
 
 log = logging.getLogger("minddp")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .atomic import atomic_write
+from ..io.atomic import atomic_write
 
 
 class StepTrace:

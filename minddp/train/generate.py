@@ -1,0 +1,176 @@
+"""Text from a trained checkpoint: the model its saved config describes, the tokenizer of the
+data it trained on, and the sampling loop (`minddp sample`, tools/sample.py, is the command line).
+
+The tokenizer comes from the data folder the run trained on (data.dir as saved, absolute; an
+override if it moved), the first of:
+  tokenizer.json  {"type": "bytes", "vocab_size": 256}: ids are raw bytes (minddp prepare
+                  --tokenizer bytes); anything else is a Hugging Face `tokenizers` file
+  meta.pkl        nanoGPT's dict: vocab_size, and itos/stoi for character-level data
+and raw bytes for data=text; None without any of them (then the ids are the output).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from ..errors import ConfigError
+from .build import build_model
+from .checkpoint import all_checkpoints
+from .checkpoint import load as load_checkpoint
+from .data.tokens import read_meta
+
+KNOWN_VOCABS = {50_257: "GPT-2", 50_304: "GPT-2 (padded)", 128_256: "llama-3"}
+
+
+class SampleError(ValueError):
+    """The run or its data cannot be used as given: exit code 2, naming the file."""
+
+
+class Codec:
+    """encode(str) -> ids, decode(ids) -> str, for the tokenizer a run trained with."""
+
+    def __init__(self, encode, decode, name: str):
+        self.encode, self.decode, self.name = encode, decode, name
+
+    @classmethod
+    def bytes(cls) -> "Codec":
+        return cls(lambda s: list(s.encode()), lambda ids: bytes(ids).decode("utf-8", errors="replace"),
+                   "bytes")
+
+    @classmethod
+    def for_folder(cls, folder: Path) -> "Codec | None":
+        """The codec of a token folder's tokenizer.json or meta.pkl; None if it has neither."""
+        tok_file = folder / "tokenizer.json"
+        if tok_file.is_file():
+            return cls._from_tokenizer_json(tok_file)
+        try:
+            meta = read_meta(folder)
+        except ConfigError as e:
+            raise SampleError(str(e)) from None
+        if "stoi" in meta and "itos" in meta:  # nanoGPT's character-level datasets
+            stoi, itos = meta["stoi"], meta["itos"]
+            return cls(lambda s: [stoi[c] for c in s if c in stoi],
+                       lambda ids: "".join(itos.get(i, "\ufffd") for i in ids), "chars (meta.pkl)")
+        if meta.get("tokenizer") == "bytes":
+            return cls.bytes()
+        return None
+
+    @classmethod
+    def _from_tokenizer_json(cls, path: Path) -> "Codec":
+        try:
+            spec = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SampleError(f"{path} is not JSON ({e}): re-run minddp prepare, or remove it") from None
+        if isinstance(spec, dict) and spec.get("type") == "bytes":
+            return cls.bytes()
+        from tokenizers import Tokenizer
+
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception on a bad file
+            raise SampleError(f"{path} is neither minddp's bytes marker nor a Hugging Face tokenizers "
+                              f"file ({e})") from None
+        return cls(lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), "bpe (tokenizer.json)")
+
+
+def data_folder(data_cfg: dict, run_dir: Path, override: str | None) -> Path:
+    """The folder the run trained on: --data, else data.dir as saved (absolute since minddp
+    records it so; an older run's relative one is tried from here and above the run dir)."""
+    if override:
+        if not Path(override).is_dir():
+            raise SampleError(f"--data {override} is not a folder")
+        return Path(override)
+    saved = Path(data_cfg["dir"])
+    bases = [Path.cwd()] if saved.is_absolute() else [Path.cwd(), run_dir, *run_dir.parents]
+    for base in bases:
+        if (base / saved).is_dir():
+            return base / saved
+    where = "" if saved.is_absolute() else f" (tried from {Path.cwd()} and from {run_dir} upwards)"
+    raise SampleError(f"the data folder this run trained on, {str(saved)!r} (data.dir in its saved config), "
+                      f"does not exist{where}: pass --data DIR where its tokenizer.json or meta.pkl now is")
+
+
+def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | None, str]:
+    """(codec or None, a note for stderr when the ids cannot become text)."""
+    if cfg["data"].get("name") != "tokens":
+        return Codec.bytes(), ""
+    folder = data_folder(cfg["data"], run_dir, override)
+    codec = Codec.for_folder(folder)
+    if codec is not None:
+        return codec, ""
+    vocab = cfg["model"].get("vocab_size")
+    kind = f"{KNOWN_VOCABS[vocab]} token ids" if vocab in KNOWN_VOCABS else f"token ids (vocabulary {vocab})"
+    return None, (f"minddp sample: {folder / 'tokenizer.json'} and a meta.pkl with itos are missing, so "
+                  f"these {kind} cannot be turned into text; printing the ids. Put the tokenizer's "
+                  "tokenizer.json there (GPT-2's: the Hugging Face Hub's gpt2/tokenizer.json) to see text")
+
+
+def read_checkpoint(target: Path, warn=None) -> tuple[Path, dict]:
+    """A checkpoint file, or a run directory's newest readable one: a corrupt newer file is
+    named to `warn` and the previous one used (generating changes nothing on disk)."""
+    if target.is_file():
+        candidates = [target]
+    elif target.is_dir():
+        candidates = all_checkpoints(target)
+    else:
+        raise SampleError(f"{target} does not exist: give a run directory or a checkpoint .pt file")
+    if not candidates:
+        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a .pt file)")
+    problems = []
+    for path in candidates:
+        try:
+            return path, load_checkpoint(path, "cpu")
+        except (ConfigError, OSError) as e:  # corrupt, refused or unreadable
+            problems.append(str(e).splitlines()[0])
+            if len(candidates) > 1 and warn is not None:
+                warn(f"{problems[-1]}; trying the previous checkpoint")
+    raise SampleError(problems[0] if len(candidates) == 1 else
+                      f"none of the {len(candidates)} checkpoints under {target}/checkpoints can be read")
+
+
+def load(target, warn=None) -> tuple[torch.nn.Module, dict, Path]:
+    """The model of a run directory's newest readable checkpoint (or of one checkpoint file),
+    its config and its run directory."""
+    path, state = read_checkpoint(Path(target), warn)
+    cfg = state.get("config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise SampleError(f"{path} has no saved config (written by an older minddp)")
+    try:
+        weights = state["model"]
+        vocab = next(v.shape[0] for k, v in weights.items() if k in ("tok_emb.weight", "emb.weight"))
+        model = build_model(_Cfg(cfg["model"]), vocab)
+        model.load_state_dict(weights)
+    except (StopIteration, KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        why = str(e).splitlines()[0][:160] if str(e) else "no embedding"
+        raise SampleError(f"{path}: its weights do not fit the model its config describes "
+                          f"({type(e).__name__}: {why})") from None
+    cfg["model"]["vocab_size"] = vocab  # the embedding's, whatever the saved config says
+    return model.eval(), cfg, path.parent.parent
+
+
+class _Cfg(dict):
+    """A dict that reads like the OmegaConf node build_model expects (m.name and m[key])."""
+
+    __getattr__ = dict.__getitem__
+
+
+@torch.no_grad()
+def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             block_size: int = 128) -> list[int]:
+    x = torch.tensor([ids or [0]], dtype=torch.long)
+    for _ in range(tokens):
+        logits = model(x[:, -block_size:])[:, -1, :].float()
+        if temperature <= 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits[logits < kth] = -float("inf")
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1)
+        x = torch.cat([x, nxt], dim=1)
+    return x[0, len(ids or [0]):].tolist()

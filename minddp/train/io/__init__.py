@@ -1,0 +1,5 @@
+"""Files written and read safely:
+
+    atomic.py       a temporary file, fsync, rename: a crash leaves the old file or the new one
+    safe_pickle.py  pickles from elsewhere (meta.pkl, flight-recorder dumps) read without running code
+"""

@@ -1,0 +1,173 @@
+"""The trainer's helpers on their own, with the arguments they take (never a Trainer): fail
+together on every rank, the training state saved and loaded, the skipped-steps guard. Each on 2
+forked gloo ranks."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minddp.engine.ddp import DistributedDataParallel
+from minddp.errors import ConfigError
+from minddp.parallel.mesh import Mesh
+from minddp.train.build import build_optimizer, lr_factor
+from minddp.train.checkpoint import CheckpointError, CheckpointReadError
+from minddp.train.checkpoint import load as load_checkpoint
+from minddp.train.data import ArithmeticSequences, ShardedBatches
+from minddp.train.resume import state
+from minddp.train.safety.guard import DivergedError, SkipGuard
+from minddp.train.safety.together import together
+from tests import launch
+
+
+def _outcome(fn):
+    """('ok', value) or (the exception's class name, its message): what a rank ended with."""
+    try:
+        return "ok", fn()
+    except Exception as e:  # noqa: BLE001 - the test compares every rank's
+        return type(e).__name__, str(e)
+
+
+# ------------------------------------------------------------------ fail together
+def _together(rank, world, failing, error, kw):
+    return _outcome(lambda: together(error if rank in failing else None, value=10 * rank, **kw))
+
+
+def test_no_failure_gives_every_ranks_value_on_every_rank():
+    assert launch.ranks(_together, 2, (), None, {}) == [("ok", [0, 10])] * 2
+
+
+def test_a_config_error_on_one_rank_is_the_same_line_on_every_rank_naming_it():
+    got = launch.ranks(_together, 2, (1,), ConfigError("data.dir is empty"), {})
+    assert got == [("ConfigError", "on rank 1 (1 of 2 ranks failed): data.dir is empty")] * 2
+
+
+def test_the_same_error_on_every_rank_names_no_rank():
+    assert launch.ranks(_together, 2, (0, 1), ConfigError("bad"), {}) == [("ConfigError", "bad")] * 2
+
+
+def test_another_error_is_its_own_on_the_failing_rank_and_named_on_the_others():
+    got = launch.ranks(_together, 2, (1,), ValueError("torn file"), {})
+    assert got[1] == ("ValueError", "torn file")
+    assert got[0] == ("RuntimeError", "ValueError: on rank 1 (1 of 2 ranks failed): torn file")
+
+
+@pytest.mark.parametrize("error,kind", [(CheckpointError("ckpt_2.pt is corrupt"), "CheckpointError"),
+                                        (OSError(5, "Input/output error"), "CheckpointReadError")])
+def test_with_an_action_the_others_say_which_rank_could_not_do_it(error, kind):
+    kw = {"what": "resume", "kinds": (CheckpointError, CheckpointReadError)}
+    got = launch.ranks(_together, 2, (0,), error, kw)
+    assert got[0] == (type(error).__name__, str(error))
+    assert got[1] == (kind, f"rank 0 could not resume: {type(error).__name__}: {error}")
+
+
+def test_one_process_raises_its_own_error_without_a_collective():
+    assert together(None, 3) == [3]
+    with pytest.raises(KeyError):
+        together(KeyError("x"), 3)
+
+
+# ------------------------------------------------------------------ training state
+CPU = torch.device("cpu")
+
+
+def _setup(seed, device=CPU):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    ddp = DistributedDataParallel(model)
+    o = SimpleNamespace(lr=1e-2, beta1=0.9, beta2=0.95, weight_decay=0.1, warmup_steps=2, min_lr=1e-3)
+    opt = build_optimizer(model, o, device, ddp)
+    factor = lambda step: lr_factor(step, o, 20)  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt.optim, factor)
+    return model, ddp, opt, sched, factor
+
+
+def _train(model, ddp, opt, sched, batches, steps):
+    for step in steps:
+        for x, y in batches.get(step - 1):
+            torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _save_then_load(rank, world, run_dir):
+    mesh = Mesh.create(world, 1, "cpu")
+    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
+    model, ddp, opt, sched, factor = _setup(0)
+    _train(model, ddp, opt, sched, batches, (1, 2, 3))
+    state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+               saved_with={"config": {"note": "mine"}}, log=lambda line: None)
+    _train(model, ddp, opt, sched, batches, (4,))
+    after = {k: v.clone() for k, v in model.state_dict().items()}
+    saved = load_checkpoint(f"{run_dir}/checkpoints/ckpt_00000003.pt", "cpu")
+    model2, ddp2, opt2, sched2, factor2 = _setup(1)  # other weights, a fresh schedule
+    state.load_model(model2, saved, mesh, "ckpt_00000003.pt")
+    start = state.load_training_state(saved, opt=opt2, sched=sched2, lr_factor=factor2, mesh=mesh,
+                                      rank=rank, device=CPU)
+    lr = opt2.optim.param_groups[0]["lr"]
+    _train(model2, ddp2, opt2, sched2, batches, (4,))
+    return start, saved["samples_seen"], saved["config"], lr, after, model2.state_dict()
+
+
+def test_a_saved_state_loads_into_a_fresh_model_and_continues_exactly(tmp_path):
+    got = launch.ranks(_save_then_load, 2, tmp_path)
+    for rank, (start, seen, config, lr, after, resumed) in enumerate(got):
+        assert (start, seen, config) == (3, 3 * 2 * 2, {"note": "mine"}), rank
+        assert lr == pytest.approx(1e-2 * lr_factor(3, SimpleNamespace(
+            lr=1e-2, warmup_steps=2, min_lr=1e-3), 20))  # this run's schedule, at the saved position
+        for k in after:  # step 4 after the load equals step 4 of the run that saved
+            torch.testing.assert_close(resumed[k], after[k], atol=0, rtol=0)
+
+
+def _save_fails_on_rank_0(rank, world, run_dir):
+    mesh = Mesh.create(world, 1, "cpu")
+    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
+    model, ddp, opt, sched, _ = _setup(0)
+    return _outcome(lambda: state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
+                                       mesh=mesh, device=CPU, saved_with={}))
+
+
+def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path):
+    (tmp_path / "checkpoints").write_text("a file where the folder goes")
+    got = launch.ranks(_save_fails_on_rank_0, 2, tmp_path)
+    assert got[0][0] == "CheckpointWriteError" and "could not write checkpoint" in got[0][1], got
+    assert got[1][0] == "CheckpointWriteError", got
+    assert got[1][1].startswith("rank 0 could not save step 3: CheckpointWriteError: could not write"), got
+
+
+# ------------------------------------------------------------------ skipped-steps guard
+def _guard(rank, world, nan, start, path):
+    model, ddp, opt, _, _ = _setup(0)
+    if nan:
+        with torch.no_grad():
+            model[1].weight[0, 0] = math.nan
+    guard = SkipGuard(2, 3e-4, torch.device("cpu"), start, path)
+    guard.after_step(start + 1, True, model, opt)
+    guard.after_step(start + 2, False, model, opt)  # a good step resets the count
+    guard.after_step(start + 3, True, model, opt)
+    return _outcome(lambda: guard.after_step(start + 4, True, model, opt))
+
+
+def test_the_guard_stops_every_rank_blaming_the_learning_rate_when_the_weights_are_finite():
+    for kind, text in launch.ranks(_guard, 2, False, 0, None):
+        assert kind == DivergedError.__name__, text
+        assert text.startswith("2 steps in a row (3..4) had a non-finite loss"), text
+        assert "optim.lr=0.0003 is likely too high" in text, text
+
+
+def _guard_resumed(rank, world, path):
+    model, ddp, opt, _, _ = _setup(0)
+    with torch.no_grad():
+        model[1].weight[0, 0] = math.nan  # as loaded from the checkpoint, on every rank
+    guard = SkipGuard(2, 3e-4, torch.device("cpu"), 6, path)
+    guard.after_step(7, True, model, opt)
+    return _outcome(lambda: guard.after_step(8, True, model, opt))
+
+
+def test_the_guard_names_the_checkpoint_a_run_resumed_from_when_its_weights_are_nan():
+    for kind, text in launch.ranks(_guard_resumed, 2, "run/checkpoints/ckpt_00000006.pt"):
+        assert kind == DivergedError.__name__, text
+        assert "the weights are NaN/inf, from the checkpoint this run resumed from, " \
+               "run/checkpoints/ckpt_00000006.pt" in text, text
