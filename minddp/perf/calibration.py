@@ -15,6 +15,7 @@ The workload is given as `make()`: a fresh (model, token batch), seeded alike on
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -28,6 +29,10 @@ from .costmodel import BUCKET_OPS, simulate_buckets
 from .engine_cost import per_bucket_cost
 from .sweep import fit_alpha_beta
 from .workload import lm_loss
+
+# caps the under-backward fit runs the engine at: other bucket layouts than make scaling's caps
+# (1, 5, 25, 100 MB) give, so its predictions there are out of sample
+UNDER_CAPS = (3.0, 8.0, 12.0, 16.0)
 
 
 def fit_ops(rows: list[dict], n: int) -> tuple[float, float, dict]:
@@ -198,3 +203,15 @@ def _median(dicts: list[dict], key: str) -> float:
 def _middle(dicts: list[dict], key: str) -> dict:
     """The measurement whose `key` is the median (the lower middle one of an even count)."""
     return sorted(dicts, key=lambda d: d[key])[(len(dicts) - 1) // 2]
+
+
+def write(path, sweeps: list[list[dict]], device, make, make_small, floor: dict | None = None,
+          under: dict | None = None, about: dict | None = None) -> dict:
+    """One calibration per sweep's rows (`measure`, at UNDER_CAPS unless `under` says), combined
+    (the medians over the repeats), written as JSON by rank 0; every rank returns it."""
+    cal = combine([measure(rows, device, make, make_small, UNDER_CAPS, floor, under, about)
+                   for rows in sweeps])
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(cal, f, indent=1)
+    return cal

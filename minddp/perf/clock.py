@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -102,3 +103,21 @@ def interleaved(steps: list, rounds: int, per_round: int, device: torch.device) 
     t = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [[statistics.median(col) for col in zip(*rows)] for rows in t.tolist()]
+
+
+def timed_methods(parts: dict[str, tuple], clock: Clock) -> dict[str, list]:
+    """Wrap methods of some objects to time every call on `clock` (instance attributes only: the
+    class is untouched): {label: (object, method name)} -> {label: [(start, end) marks]}, read
+    with clock.seconds once the measurement is over."""
+    spent = defaultdict(list)  # a method never called: no entry
+    for label, (obj, name) in parts.items():
+        fn = getattr(obj, name)
+
+        def wrapper(*a, _fn=fn, _label=label, **kw):
+            start = clock.mark()
+            out = _fn(*a, **kw)
+            spent[_label].append((start, clock.mark()))
+            return out
+
+        setattr(obj, name, wrapper)
+    return spent

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..engine.ddp import DistributedDataParallel
@@ -66,11 +67,13 @@ def overlap_config(base, cap, adamw):
     return ("minddp optimizer_overlap", model, OverlappedOptimizer(model, torch.optim.AdamW, **adamw))
 
 
-def phases(model, opt, x) -> list[tuple[str, float, float]]:
+def phases(model, opt, x, start=lambda: None) -> list[tuple[str, float, float]]:
     """(name, start, end) of one step's forward, backward and optimizer step, on the device's
     clock (CUDA events: a sync after the step would move ZeRO-1's all-gathers, which the
-    forward waits for, into it); the work queued before is finished first."""
+    forward waits for, into it); the work queued before is finished first, then `start()` (a
+    trace's)."""
     sync(x.device)
+    start()
     clock = PhaseClock(x.device)
     loss = lm_loss(model, x)
     clock.mark("forward")
@@ -78,6 +81,23 @@ def phases(model, opt, x) -> list[tuple[str, float, float]]:
     clock.mark("backward")
     opt.step()
     clock.mark("optimizer")
+    return clock.spans()
+
+
+def step_then_next(model, opt, x, start=lambda: None) -> list[tuple[str, float, float]]:
+    """(name, start, end) of an optimizer step (gradients already there), then the next forward
+    and backward, on the device's clock with no synchronisation between them, so ZeRO-1's
+    all-gathers, launched in the step, may run under the forward that waits for them. The work
+    queued before is finished first, then `start()` (a trace's)."""
+    sync(x.device)
+    start()
+    clock = PhaseClock(x.device)
+    opt.step()
+    clock.mark("optimizer")
+    loss = lm_loss(model, x)
+    clock.mark("forward")
+    loss.backward()
+    clock.mark("backward")
     return clock.spans()
 
 
@@ -100,7 +120,7 @@ def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[flo
 
 def optimizer_section(base, x, repeats: int, rounds: int, per_round: int) -> list[dict]:
     """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
-    repeat), forward / backward / optimizer-step medians, optimizer-state bytes on this rank."""
+    repeat), forward / backward / optimizer-step medians, optimizer-state bytes on each rank."""
     configs = optimizer_configs(base, 25.0)
     rows = [{"label": label, "vs_minddp": [], "vs_torch": [], "phases": [], "state": state_bytes(opt)}
             for label, _, opt in configs]
@@ -110,9 +130,20 @@ def optimizer_section(base, x, repeats: int, rounds: int, per_round: int) -> lis
             row["vs_minddp"].append(m[0] / med[0][0])
             row["vs_torch"].append(m[0] / med[1][0])
             row["phases"].append(m)
-    for row, (_, _, opt) in zip(rows, configs):
-        row["state"] = state_bytes(opt)  # after the steps: AdamW's states exist from the first
+    everyone = [None] * dist.get_world_size()  # after the steps: AdamW's states exist from the first
+    dist.all_gather_object(everyone, [state_bytes(opt) for _, _, opt in configs])
+    for k, row in enumerate(rows):
+        row["state"] = [e[k] for e in everyone]
     return rows
+
+
+def exposed_gather(rows: list[dict]) -> list[float]:
+    """ZeRO-1's exposed all-gather per repeat (seconds): its forward minus minddp DDP's, of
+    optimizer_section's rows. ZeRO-1's forward waits for the all-gathers its step launched; DDP's
+    waits for nothing. [] without a ZeRO-1 row."""
+    by = {r["label"]: r for r in rows}
+    zero, plain = by.get("minddp shard_optimizer (ZeRO-1)"), by["minddp DDP + AdamW"]
+    return [z[1] - p[1] for z, p in zip(zero["phases"], plain["phases"])] if zero else []
 
 
 def cap_sweep(base, x, caps, repeats: int, rounds: int, per_round: int) -> tuple[dict, dict, dict]:

@@ -127,6 +127,18 @@ def largest(row: dict, key: str) -> float:
     return max(r[key] for r in row["ranks"])
 
 
+def figures(row: dict) -> dict:
+    """A measured configuration's bytes: modeled (what it holds by construction), and on its
+    largest rank the states, the peak (above the baseline and absolute), how far wrap +
+    optimizer raised the peak; `marks`: the high-water mark after each phase on the rank with
+    the highest peak."""
+    top = max(row["ranks"], key=lambda x: x["peak"])
+    return {"modeled": modeled_bytes(row["config"], row["ranks"][0]["param_bytes"], row["dp"])["total"],
+            "states": largest(row, "states"), "peak": largest(row, "peak"),
+            "absolute": largest(row, "absolute"), "marks": list(top["marks"].values()),
+            "wrap": max(x["marks"]["wrap"] - x["marks"]["model"] for x in row["ranks"])}
+
+
 def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
     """ZeRO-1's peak below DDP's by >= 80% of the optimizer state it saves (the target)."""
     by = {r["config"]: r for r in rows if "ranks" in r}
@@ -137,6 +149,17 @@ def zero_criterion(rows: list[dict], plain: str, sharded: str) -> dict | None:
     return {"saved": saved, "lowered": lowered, "peak_plain": largest(by[plain], "peak"),
             "peak_sharded": largest(by[sharded], "peak"),
             "fraction": lowered / saved if saved else float("nan"), "pass": lowered >= 0.8 * saved > 0}
+
+
+def ddp_criterion(rows: list[dict]) -> dict | None:
+    """minddp DDP's peak at or below torch DDP's with default arguments (and, beside them, torch
+    DDP's with gradient_as_bucket_view where measured)."""
+    by = {r["config"]: r for r in rows if "ranks" in r}
+    if not {"torch-ddp", "minddp-ddp"} <= set(by):
+        return None
+    t, m = largest(by["torch-ddp"], "peak"), largest(by["minddp-ddp"], "peak")
+    view = largest(by["torch-ddp-view"], "peak") if "torch-ddp-view" in by else None
+    return {"torch": t, "torch_view": view, "minddp": m, "pass": m <= t}
 
 
 class PeakMeter:

@@ -20,6 +20,7 @@ what the DDP cost model needs beyond alpha and beta.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 
 import torch.distributed as dist
@@ -76,12 +77,12 @@ def main(argv=None) -> None:
 
 
 def _write_rows(args, all_rows: list[dict], n: int, bw: float) -> None:
-    if args.csv:
-        with open(args.csv, "w") as f:
-            f.write("op,size,count,type,time_us,algbw,busbw,wrong\n")
-            for r in all_rows:
-                f.write(",".join(str(r[k]) for k in ("op", "size", "count", "type", "time_us",
-                                                     "algbw", "busbw", "wrong")) + "\n")
+    if args.csv:  # the columns of the printed table, in its order
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, ["op", "size", "count", "type", "time_us", "algbw", "busbw", "wrong"],
+                               extrasaction="ignore", lineterminator="\n")
+            w.writeheader()
+            w.writerows(all_rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world_size": n, "rows": all_rows, "memcpy_gbs": bw / 1e9}, f, indent=1)

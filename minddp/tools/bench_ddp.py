@@ -27,7 +27,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ..perf.engine_bench import cap_sweep, optimizer_section
+from ..perf.engine_bench import cap_sweep, exposed_gather, optimizer_section
 from ..perf.engine_cost import per_bucket_cost
 from ..train.model import GPT, num_params
 from . import render
@@ -58,12 +58,8 @@ def main() -> None:
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
     ratios, ours_ms, buckets = cap_sweep(base, x, caps, args.repeats, args.rounds, args.steps_per_round)
     optim = optimizer_section(base, x, args.repeats, args.rounds, args.steps_per_round)
-    everyone = [None] * world
-    dist.all_gather_object(everyone, [r["state"] for r in optim])  # optimizer-state bytes, per rank
     cost = per_bucket_cost(base, x, lm_loss)
     if rank == 0:
-        for k, row in enumerate(optim):
-            row["state"] = [e[k] for e in everyone]
         blocks = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms)
         print(render.markdown(blocks), flush=True)
         if args.out:
@@ -109,10 +105,8 @@ def optimizer_blocks(args, rows: list[dict]) -> list:
                             "step vs torch DDP: median", "spread", "step (ms)",
                             "forward / backward / optimizer step (ms)", "optimizer state per rank (MB)"],
                            [row(r) for r in rows])]
-    by = {r["label"]: r for r in rows}
-    zero, plain = by.get("minddp shard_optimizer (ZeRO-1)"), by["minddp DDP + AdamW"]
-    if zero:  # ZeRO-1's forward waits for the all-gathers its step launched; DDP's waits for nothing
-        exposed = [(z[1] - p[1]) * 1e3 for z, p in zip(zero["phases"], plain["phases"])]
+    exposed = [s * 1e3 for s in exposed_gather(rows)]
+    if exposed:
         blocks.append(f"ZeRO-1's exposed all-gather per step (its forward minus minddp DDP's, per repeat): "
                       f"median {statistics.median(exposed):.1f} ms, spread {min(exposed):.1f} to "
                       f"{max(exposed):.1f} ms.")

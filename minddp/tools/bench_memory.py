@@ -25,22 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from ..perf.memory import (
-    CONFIGS,
-    HOLDS,
-    PeakMeter,
-    largest,
-    modeled_bytes,
-    peak_run,
-    warm_up_optimizer,
-    zero_criterion,
-)
+from ..perf import memory as mem
+from ..perf.jobs import engine_version, first_error, launch, run_job
 from . import render
 from .workload import GPT_PRESETS
 
@@ -59,13 +48,13 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     from ..train.model import GPT, GPTConfig
     from .cli import start  # all imported before the baseline: code, not the configuration's
 
-    warm_up_optimizer()
-    meter = PeakMeter()  # the baseline: the resident set right after the imports
+    mem.warm_up_optimizer()
+    meter = mem.PeakMeter()  # the baseline: the resident set right after the imports
     info = start("auto")
     torch.manual_seed(0)
     cfg = GPTConfig(**MODELS[model_name])
-    mine = {"rank": info.rank, **peak_run(config, lambda: GPT(cfg).to(info.device), meter, info.device,
-                                          steps, BATCH, cfg.block_size, seed=info.rank)}
+    mine = {"rank": info.rank, **mem.peak_run(config, lambda: GPT(cfg).to(info.device), meter,
+                                              info.device, steps, BATCH, cfg.block_size, seed=info.rank)}
     ranks = [None] * info.world_size
     dist.all_gather_object(ranks, mine)
     if info.rank == 0:
@@ -74,33 +63,16 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     exit_worker()
 
 
-# ------------------------------------------------------------- the driver (separate jobs)
 def run_config(config: str, model_name: str, dp: int, steps: int) -> dict:
     """One torchrun job of `dp` ranks; the per-rank figures, or the error it ended with."""
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         result = Path(tmp) / "ranks.json"
-        torchrun = str(Path(sys.executable).parent / "torchrun")
-        cmd = [torchrun, "--standalone", f"--nproc_per_node={dp}", "-m", "minddp", "bench-memory",
-               "--worker", config, "--model", model_name, "--steps", str(steps), "--result", str(result)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = run_job(launch(dp, "-m", "minddp", "bench-memory", "--worker", config, "--model", model_name,
+                           "--steps", str(steps), "--result", str(result)))
         row = {"config": config, "model": model_name, "dp": dp}
         if p.returncode or not result.exists():
             return {**row, "error": f"exit {p.returncode}: {first_error(p.stderr)}"}
         return {**row, "ranks": json.loads(result.read_text())}
-
-
-def first_error(stderr: str) -> str:
-    """The worker's exception line, not torchrun's summary banner."""
-    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not set(x.strip()) <= set("=-")]
-    hits = [x for x in lines if "Error" in x or "error:" in x]
-    return (hits or lines[-1:] or ["no output"])[0][:200]
-
-
-def phases(row: dict) -> str:
-    """The largest rank's high-water mark after each phase, e.g. '18 / 61 / 61 / 290 / 338'."""
-    top = max(row["ranks"], key=lambda x: x["peak"])
-    return " / ".join(f"{v / MB:.0f}" for v in top["marks"].values())
 
 
 def config_table(rows: list[dict]) -> dict:
@@ -111,15 +83,13 @@ def config_table(rows: list[dict]) -> dict:
 
 
 def config_row(r: dict) -> list:
-    what = HOLDS[r["config"]][4]
+    what = mem.HOLDS[r["config"]][4]
     if "error" in r or "skipped" in r:
         return [r["dp"], r["config"], what, "-", "-", "-", r.get("error") or r.get("skipped"), "-", "-", "-"]
-    model = modeled_bytes(r["config"], r["ranks"][0]["param_bytes"], r["dp"])["total"]
-    wrap = max(x["marks"]["wrap"] - x["marks"]["model"] for x in r["ranks"])
-    peak = largest(r, "peak")
-    return [r["dp"], r["config"], what, f"{model / MB:.0f}", f"{largest(r, 'states') / MB:.0f}",
-            f"{wrap / MB:.0f}", f"{peak / MB:.0f}", f"{(peak - model) / MB:+.0f}",
-            f"{largest(r, 'absolute') / MB:.0f}", phases(r)]
+    f = mem.figures(r)
+    mbs = [f"{f[k] / MB:.0f}" for k in ("modeled", "states", "wrap", "peak")]
+    return [r["dp"], r["config"], what, *mbs, f"{(f['peak'] - f['modeled']) / MB:+.0f}",
+            f"{f['absolute'] / MB:.0f}", " / ".join(f"{v / MB:.0f}" for v in f["marks"])]
 
 
 def criteria_tables(results: list[dict]) -> list:
@@ -130,30 +100,18 @@ def criteria_tables(results: list[dict]) -> list:
     for m, dp in keys:
         rows = [r for r in results if (r["model"], r["dp"]) == (m, dp)]
         for label, plain, sharded in pairs:
-            if c := zero_criterion(rows, plain, sharded):
+            if c := mem.zero_criterion(rows, plain, sharded):
                 mbs = [f"{c[k] / MB:.0f}" for k in ("saved", "peak_plain", "peak_sharded", "lowered")]
                 zero.append([m, dp, label, *mbs, f"{c['fraction']:.2f}", "pass" if c["pass"] else "FAIL"])
-        by = {r["config"]: r for r in rows if "ranks" in r}
-        if {"torch-ddp", "minddp-ddp"} <= set(by):
-            t, mm = largest(by["torch-ddp"], "peak"), largest(by["minddp-ddp"], "peak")
-            v = f"{largest(by['torch-ddp-view'], 'peak') / MB:.0f}" if "torch-ddp-view" in by else "-"
-            ddp.append([m, dp, f"{t / MB:.0f}", v, f"{mm / MB:.0f}", "pass" if mm <= t else "FAIL"])
+        if c := mem.ddp_criterion(rows):
+            mbs = ["-" if c[k] is None else f"{c[k] / MB:.0f}" for k in ("torch", "torch_view", "minddp")]
+            ddp.append([m, dp, *mbs, "pass" if c["pass"] else "FAIL"])
     return ["ZeRO-1 lowers the peak (target: by at least 80% of the optimizer state it saves):",
             render.table(["model", "dp", "sharding", "states saved (MB)", "unsharded peak (MB)",
                           "sharded peak (MB)", "lowered by (MB)", "lowered / saved", ">= 0.8"], zero),
             "minddp DDP at or below torch DDP's default:",
             render.table(["model", "dp", "torch DDP default (MB)", "torch DDP bucket view (MB)",
                           "minddp DDP (MB)", "minddp <= torch default"], ddp)]
-
-
-def engine_version() -> str:
-    """The commit measured, and whether the engine had uncommitted changes (a shared tree)."""
-    root = Path(__file__).resolve().parents[2]
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
-                                    text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "minddp")
-    return head + (" + uncommitted changes under minddp/" if dirty else "")
 
 
 def report(results: list[dict], steps: int, version: str = "") -> str:
@@ -186,11 +144,11 @@ def main(argv=None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="gpt-10.8M,gpt-50M", help=f"of {', '.join(MODELS)}")
     ap.add_argument("--dp", default="2,3", help="data-parallel sizes (ranks per job)")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=",".join(mem.CONFIGS), help=f"of {', '.join(mem.CONFIGS)}")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", default="docs/bench_memory", help="writes OUT.md and OUT.json")
     ap.add_argument("--reuse", metavar="JSON", help="re-render the report of an earlier OUT.json")
-    ap.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=list(mem.CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--model", default="gpt-10.8M", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -200,10 +158,10 @@ def main(argv=None) -> None:
         old = json.loads(Path(args.reuse).read_text())
         return write(old["rows"], args, old.get("version", ""))
     models, configs = args.models.split(","), args.configs.split(",")
-    bad = [x for x in models if x not in MODELS] + [x for x in configs if x not in CONFIGS]
+    bad = [x for x in models if x not in MODELS] + [x for x in configs if x not in mem.CONFIGS]
     if bad:
         raise SystemExit(f"minddp bench-memory: unknown {', '.join(bad)}; models: {', '.join(MODELS)}; "
-                         f"configs: {', '.join(CONFIGS)}")
+                         f"configs: {', '.join(mem.CONFIGS)}")
     results = []
     for m in models:
         for dp in (int(d) for d in args.dp.split(",")):

@@ -10,7 +10,8 @@ Three loops run in the same processes, on the same GPT, the same data path and b
 - a nanoGPT-style loop: torch DDP, AdamW with its default (foreach) kernel, clipping, and
   `loss.item()` every step, as nanoGPT's train.py does with its defaults.
 Ranks are pinned to a core each; rounds of `--steps` steps per loop in a rotated order;
-ratios of medians. The trainer's own per-step costs are timed method by method.
+ratios of medians. The trainer's own per-step costs are timed method by method. The loops
+and the comparison are minddp/perf/loops.py.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
-from torch import nn
-from torch.nn import functional as F
 
 from ..parallel.dist import exit_worker
-from ..perf.clock import Clock, interleaved, timed
+from ..perf.clock import Clock, timed_methods
+from ..perf.loops import HandLoop, compare
 from ..train.build import build_model
 from ..train.config import register
 from ..train.trainer import Trainer
@@ -52,60 +51,6 @@ def make_trainer(extra: list[str], run_dir: str) -> Trainer:
     return trainer
 
 
-class HandLoop:
-    """A training loop as people write it, on torch DDP, fed the trainer's batches."""
-
-    def __init__(self, trainer: Trainer, fused: bool, nanogpt: bool):
-        cfg = trainer.cfg
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, trainer.vocab_size).to(trainer.info.device)
-        self.model = nn.parallel.DistributedDataParallel(model)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, fused=fused or None)
-        self.trainer, self.nanogpt = trainer, nanogpt
-
-    def step(self, step: int) -> None:
-        accum = self.trainer.accum
-        for m, (x, y) in enumerate(self.trainer.batches.get(step - 1)):
-            self.model.require_backward_grad_sync = m == accum - 1
-            loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten()) / accum
-            loss.backward()
-        if self.nanogpt:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        if self.nanogpt:
-            loss.item()
-
-
-def timed_methods(parts: dict[str, tuple], clock: Clock) -> dict[str, list]:
-    """Wrap some methods of the trainer and its optimizer to time them on `clock` (instance
-    attributes only): {label: (object, method name)} -> {label: [(start, end) marks]}."""
-    spent = defaultdict(list)
-    for label, (obj, name) in parts.items():
-        fn = getattr(obj, name)
-
-        def wrapper(*a, _fn=fn, _label=label, **kw):
-            start = clock.mark()
-            out = _fn(*a, **kw)
-            spent[_label].append((start, clock.mark()))
-            return out
-
-        setattr(obj, name, wrapper)
-    return spent
-
-
-def interleaved_loops(trainer, loops, names, step, rounds: int, steps: int) -> dict[str, float]:
-    """Median step of each loop in rotated rounds (cli.interleaved); `step` counts each
-    loop's steps across repeats."""
-    def one(k):
-        step[k] += 1
-        run = trainer.run_step if k == "trainer" else loops[k].step
-        return timed(lambda: run(step[k]), trainer.info.device)
-
-    medians = interleaved([lambda k=k: one(k) for k in names], rounds, steps, trainer.info.device)
-    return {k: m[0] for k, m in zip(names, medians)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -117,19 +62,20 @@ def main() -> None:
         pin_to_core()
     torch.set_num_threads(1)
     trainer = make_trainer([], tempfile.mkdtemp(prefix="bench-trainer-"))
-    loops = {"trainer": None, "bare loop": HandLoop(trainer, True, False),
-             "nanoGPT-style loop": HandLoop(trainer, False, True)}
-    clock = Clock(trainer.info.device)
+    cfg, device = trainer.cfg, trainer.info.device
+
+    def hand_loop(fused: bool, nanogpt: bool) -> HandLoop:
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, trainer.vocab_size).to(device)
+        return HandLoop(model, trainer.batches, trainer.accum, cfg.optim.lr, fused, nanogpt)
+
+    loops = {"trainer": trainer.run_step, "bare loop": hand_loop(True, False).step,
+             "nanoGPT-style loop": hand_loop(False, True).step}
+    clock = Clock(device)
     marks = timed_methods({"opt.clip_grad_norm_": (trainer.opt, "clip_grad_norm_"),
                            "agree": (trainer, "agree"), "opt.step": (trainer.opt, "step"),
                            "log": (trainer, "log")}, clock)
-    names, step = list(loops), {k: 0 for k in loops}
-    ratios, medians = defaultdict(list), defaultdict(list)
-    for _ in range(args.repeats):
-        med = interleaved_loops(trainer, loops, names, step, args.rounds, args.steps)
-        for k in names:
-            medians[k].append(med[k])
-            ratios[k].append(med["trainer"] / med[k])
+    medians, ratios = compare(loops, device, args.repeats, args.rounds, args.steps)
     spent = {k: [clock.seconds(a, z) for a, z in v] for k, v in marks.items()}
     if dist.get_rank() == 0:
         blocks = report(args, trainer, medians, ratios, spent)

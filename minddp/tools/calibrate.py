@@ -13,48 +13,36 @@ machine and written as JSON for `minddp costmodel --calibration` and `minddp sca
   make scaling's GPT, busy time per bucket launched under backward (`completion_floor`);
 - under backward: the slowdown and delay for which the cost model's bucket simulation gives the
   busy times the engine shows at other caps than make scaling's (`under_backward_fit`).
-With --repeats everything is measured that often and each figure is the median.
+With --repeats everything is measured that often and each figure is the median. The
+measurements and fits are minddp/perf/calibration.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
 
-from ..perf.calibration import combine, measure
+from ..perf import calibration
+from ..perf.calibration import UNDER_CAPS  # noqa: F401  (the caps of the under-backward fit)
 from ..perf.sweep import run_op, sweep_sizes
 from .cli import parse_size, start
 from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, build
 
-# make scaling's GPT and its micro-batch (train.micro_batch_size=2): the floor and the contention
-# depend on what backward runs beside the communication
-FLOOR_MODEL, FLOOR_BATCH = GPT_PRESETS[STUDY], STUDY_BATCH[1]
-# caps the under-backward fit runs the engine at: other bucket layouts than make scaling's caps
-# (1, 5, 25, 100 MB) give, so its predictions there are out of sample
-UNDER_CAPS = (3.0, 8.0, 12.0, 16.0)
-
 
 def write_calibration(path, rows, n, device, floor: dict | None = None, under: dict | None = None,
                       more_rows=()) -> dict:
-    """alpha and beta from `rows`, then contention, engine cost, the completion floor and the
-    under-backward fits on make scaling's GPT (`floor`: its `model_cfg` and `batch`, and
-    completion_floor's keywords; `under`: under_backward_fit's; for a quicker measurement in
-    tests). With `more_rows` (the sweep repeated), everything is measured once per sweep and
-    each figure is the median over the repeats (minddp.perf.calibration)."""
+    """perf.calibration.write on make scaling's GPT and micro-batch (what backward runs beside the
+    communication decides the floor and the contention); `floor` may give another `model_cfg`
+    and `batch` and completion_floor's keywords, `under` under_backward_fit's (quicker, for
+    tests); `more_rows`: the sweep repeated. n: the process group's, as measured."""
     floor = dict(floor or {})
-    cfg, batch = floor.pop("model_cfg", FLOOR_MODEL), floor.pop("batch", FLOOR_BATCH)
+    cfg, batch = floor.pop("model_cfg", GPT_PRESETS[STUDY]), floor.pop("batch", STUDY_BATCH[1])
     make = lambda: build(cfg, device, batch)  # noqa: E731
     small = lambda: build(GPT_PRESETS["gpt-small"], device, batch=4)  # noqa: E731
-    about = {"batch": batch, "model": cfg}
-    cal = combine([measure(r, device, make, small, UNDER_CAPS, floor, under, about)
-                   for r in [rows, *more_rows]])  # n: the process group's, as measured
-    if dist.get_rank() == 0:
-        with open(path, "w") as f:
-            json.dump(cal, f, indent=1)
-    return cal
+    return calibration.write(path, [rows, *more_rows], device, make, small, floor, under,
+                             {"batch": batch, "model": cfg})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,18 +59,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="measure everything this often, keep the medians")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     return ap
-
-
-def calibrate(path, ops, sizes, warmup: int, iters: int, repeats: int, device, rows=None) -> dict:
-    """Sweep `ops` `repeats` times (the first sweep may be given: `rows`), write the calibration."""
-    def sweep():
-        return [r for op in ops for r in run_op(op, sizes, torch.float32, warmup, iters, device)]
-
-    runs = [rows or sweep()] + [sweep() for _ in range(repeats - 1)]
-    cal = write_calibration(path, runs[0], dist.get_world_size(), device, more_rows=runs[1:])
-    if dist.get_rank() == 0:
-        print(summary(path, cal))
-    return cal
 
 
 def summary(path, cal: dict) -> str:
@@ -102,7 +78,12 @@ def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     device = start(args.backend).device
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    calibrate(args.out, args.ops.split(","), sizes, args.warmup, args.iters, args.repeats, device)
+    sweeps = [[r for op in args.ops.split(",") for r in run_op(op, sizes, torch.float32, args.warmup,
+                                                               args.iters, device)]
+              for _ in range(args.repeats)]  # everything measured once per sweep, medians kept
+    cal = write_calibration(args.out, sweeps[0], dist.get_world_size(), device, more_rows=sweeps[1:])
+    if dist.get_rank() == 0:
+        print(summary(args.out, cal))
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
 """Start-up shared by the command-line tools (bench, bench_ddp, bench_trainer, bench_debug,
 timeline, scaling): threads, core pinning, the process group on the right device, sizes on
-the command line, and a headless matplotlib. Timing is minddp.perf.clock's, for every tool."""
+the command line. Timing is minddp.perf.clock's and the headless matplotlib minddp.perf.plot's,
+for every tool."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from ..parallel.dist import DistInfo, init_distributed
 from ..perf.clock import timing_strategy  # noqa: F401  (how the tools' reports say they timed)
+from ..perf.plot import pyplot  # noqa: F401  (the one headless matplotlib)
 
 BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
@@ -42,16 +44,6 @@ def ranks_phrase(world: int, device: torch.device) -> str:
     if device.type == "cuda":
         return f"{world} nccl ranks, one {torch.cuda.get_device_name(device)} each"
     return f"{world} gloo ranks pinned to a core each, {torch.get_num_threads()} thread(s)"
-
-
-def pyplot():
-    """matplotlib without a display."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,

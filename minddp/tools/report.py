@@ -19,79 +19,22 @@ logged, the busy fraction of communication, and the spread of the ranks' step ti
 slowest rank (train.check_every). The plot: tokens/s per world size, and every run's loss
 curve. Writes DIR/report.md and DIR/report.png; with --wandb also a W&B run of job_type
 report in the study's group (minddp.tools.wandb_report). A malformed row of a metrics.jsonl
-(a torn line, hand edits) is skipped with a one-line warning.
+(a torn line, hand edits) is skipped with a one-line warning. Reading the folders and the
+analysis are minddp/perf/runs.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import textwrap
 from pathlib import Path
 
-import yaml
-
+from ..perf.plot import pyplot
+from ..perf.runs import add_efficiency, read_info, read_rows, series, set_keys, swept_keys
 from ..train.metrics import summary as steady
 from ..train.resume.check import flatten
 from . import render
-from .cli import pyplot
-
-IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
-
-
-_number = steady.number
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl that a run wrote: a dict with an integer step. Anything
-    else is skipped, and said in one line."""
-    rows, bad = [], []
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
-            rows.append(row)
-        else:
-            bad.append(n)
-    if bad:
-        print(f"minddp report: warning: {path}: skipped {len(bad)} malformed row(s) (line "
-              f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})", file=sys.stderr)
-    return rows
-
-
-def read_info(run_dir: Path) -> dict:
-    """World size and config: run.json, else .hydra/config.yaml (world 1), else nothing."""
-    info_path, hydra = run_dir / "run.json", run_dir / ".hydra" / "config.yaml"
-    try:
-        if info_path.exists():
-            info = json.loads(info_path.read_text())
-            if isinstance(info, dict) and isinstance(info.get("config", {}), dict):
-                return {"world_size": info.get("world_size", 1), "config": info.get("config", {}),
-                        "identity": {k: v for k, v in info.items() if k not in ("config", "data")}}
-        elif hydra.exists():
-            return {"world_size": 1, "config": yaml.safe_load(hydra.read_text()) or {}, "identity": {}}
-    except (ValueError, yaml.YAMLError, UnicodeDecodeError):
-        pass
-    if info_path.exists() or hydra.exists():
-        print(f"minddp report: warning: {run_dir}: unreadable run.json/.hydra/config.yaml; "
-              "its config is left blank", file=sys.stderr)
-    return {"world_size": 1, "config": {}, "identity": {}}
-
-
-def set_keys(run_dir: Path) -> set[str]:
-    """The keys set on this run's command line (`model=mlp` sets model.name)."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    try:
-        items = yaml.safe_load(path.read_text()) if path.exists() else []
-    except (yaml.YAMLError, UnicodeDecodeError):
-        items = []
-    keys = {str(o).lstrip("+~").split("=", 1)[0] for o in items or [] if "=" in str(o)}
-    return keys | {f"{k}.name" for k in keys if "." not in k}
 
 
 def load_run(run_dir: Path) -> dict | None:
@@ -101,43 +44,13 @@ def load_run(run_dir: Path) -> dict | None:
     info = read_info(run_dir)
     keys = {"world_size": info["world_size"], **flatten(info["config"])}
     s = steady.summary(rows)  # what summary.json and W&B's summary hold (MFU > 100%: not shown)
-    curve = [(r["step"], r["loss"]) for r in rows if _number(r.get("loss"))]
+    curve = [(r["step"], r["loss"]) for r in rows if steady.number(r.get("loss"))]
     mode = info["identity"].get("scaling") or keys.get("train.scaling") or "strong"
     return {"dir": run_dir, "keys": keys, "set": set_keys(run_dir), "identity": info["identity"],
             "summary": s, "scaling": mode, "step_s": s.get("step_time_s"),
             "tokens_per_s": s.get("tokens_per_s"), "exposed": s.get("comm/exposed_fraction"),
             "loss": s.get("loss"), "val_loss": s.get("val_loss"),
             "mfu": s.get("mfu"), "steps": rows[-1]["step"], "last": rows[-1], "curve": curve}
-
-
-def swept_keys(runs: list[dict]) -> list[str]:
-    """Keys whose values differ between runs; of those, only the ones a command line set
-    when any run recorded its overrides (the rest follow from them: a group's other keys)."""
-    keys = sorted({k for r in runs for k in r["keys"]})
-    swept = [k for k in keys if not k.startswith(IGNORED)
-             and len({json.dumps(r["keys"].get(k), sort_keys=True) for r in runs}) > 1]
-    chosen = set().union(*(r["set"] for r in runs))
-    if chosen:
-        swept = [k for k in swept if k == "world_size" or k in chosen]
-    return (["world_size"] if "world_size" in swept else []) + [k for k in swept if k != "world_size"]
-
-
-def add_efficiency(runs: list[dict], swept: list[str]) -> None:
-    """Against the smallest world size among runs that agree on every other swept key and on
-    the scaling mode. Strong (fixed global batch): T1 / (n Tn), as tokens/s per rank against the
-    base's; weak (fixed batch per rank, the work grows with n): T1 / Tn, the step times alone."""
-    others = [k for k in swept if k != "world_size"]
-    for r in runs:
-        peers = [p for p in runs if p["scaling"] == r["scaling"]
-                 and all(p["keys"].get(k) == r["keys"].get(k) for k in others)]
-        base = min(peers, key=lambda p: p["keys"]["world_size"])
-        scale = r["keys"]["world_size"] / base["keys"]["world_size"]
-        if r["scaling"] == "weak":
-            ok = r["step_s"] and base["step_s"]
-            r["efficiency"] = base["step_s"] / r["step_s"] if ok else None
-        else:
-            ok = r["tokens_per_s"] is not None and base["tokens_per_s"]
-            r["efficiency"] = r["tokens_per_s"] / base["tokens_per_s"] / scale if ok else None
 
 
 HEAD = ["steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu", "scaling",
@@ -161,10 +74,6 @@ def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list
     return [*swept, *HEAD], rows
 
 
-def table(runs: list[dict], swept: list[str]) -> str:
-    return render.markdown([render.table(*table_rows(runs, swept))])
-
-
 def modes_note(runs: list[dict]) -> str:
     modes = sorted({r["scaling"] for r in runs})
     said = {"strong": "strong scaling (fixed global batch): T1 / (n Tn)",
@@ -182,14 +91,9 @@ def plot(runs: list[dict], swept: list[str], png: Path, folder: Path = Path(".")
     run's loss curve. Legends inside their axes; constrained layout keeps titles whole."""
     plt = pyplot()
     fig, (ax, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
-    others = [k for k in swept if k != "world_size"]
-    series: dict[str, list[dict]] = {}
-    for r in runs:
-        if r["tokens_per_s"] is not None:
-            series.setdefault(label(r, others, folder) if others else "runs", []).append(r)
-    for name, rs in series.items():
-        rs = sorted(rs, key=lambda r: r["keys"]["world_size"])
-        ax.plot([r["keys"]["world_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o-", label=name)
+    for name, rs in series([r for r in runs if r["tokens_per_s"] is not None], swept).items():
+        ax.plot([r["keys"]["world_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o-",
+                label=textwrap.fill(name, 48))
     ax.set(xlabel="world size", ylabel="tokens / s", title="throughput (median after warm-up)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     for r in runs:
@@ -215,7 +119,7 @@ def report(folder, out=None, to_wandb: bool = False) -> str:
     add_efficiency(runs, swept)
     text = (f"{len(runs)} runs under `{folder}`; swept: {', '.join(swept) or 'nothing'}. "
             f"{modes_note(runs)}\n\n"
-            + table(runs, swept) + "\n")
+            + render.markdown([render.table(*table_rows(runs, swept))]) + "\n")
     out = Path(out) if out else folder / "report"
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.md").write_text(text)

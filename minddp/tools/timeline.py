@@ -15,42 +15,33 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from ..perf.clock import PhaseClock, after_warmup, sync
-from ..perf.engine_bench import phases
+from ..engine.ddp import DistributedDataParallel
+from ..perf.clock import after_warmup
+from ..perf.engine_bench import phases, step, step_then_next
 from ..train.metrics.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
+from ..train.model import GPT
 from .cli import start
-from .workload import bench_gpt, lm_loss
+from .workload import bench_gpt, compiled, lm_loss
 
 
-def traced_step(model, opt, x) -> dict:
-    """One step's trace: forward, backward and optimizer on the device's clock (perf's
-    `phases`), every bucket's collective from the engine's observer."""
+def traced(model, spans_of) -> dict:
+    """One step's trace: the phases `spans_of(start)` times on the device's clock (perf's
+    engine_bench), every bucket's collective from the engine's observer."""
     tr = StepTrace(model)
     dist.barrier()
-    tr.start()
-    spans = phases(model, opt, x)
-    opt.zero_grad()
-    for name, a, z in spans:
+    for name, a, z in spans_of(tr.start):
         tr.span(name, a, z)
     return tr.stop()
 
 
-def compiled(model, how: str):
-    """`model`: one graph, so its backward is one node and every gradient hook fires at its
-    end; `blocks`: one graph per transformer block, so hooks fire block by block."""
-    if how == "model":
-        return torch.compile(model)
-    if how == "blocks":
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = torch.compile(block)
-    return model
+def traced_step(model, opt, x) -> dict:
+    """Forward, backward and optimizer of one step (perf's `phases`), gradients zeroed after."""
+    trace = traced(model, lambda begin: phases(model, opt, x, begin))
+    opt.zero_grad()
+    return trace
 
 
 def main(argv=None) -> None:
-
-    from ..engine.ddp import DistributedDataParallel
-    from ..train.model import GPT
-
     ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/timeline")
@@ -65,12 +56,12 @@ def main(argv=None) -> None:
                          "under the next forward and backward")
     args = ap.parse_args(argv)
     device = start().device
-    if args.zero1:
-        return zero1_timeline(args, device)
     torch.manual_seed(0)
     cfg = bench_gpt(args.n_layer, args.n_embd)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
+    if args.zero1:
+        return zero1_timeline(args, GPT(cfg).to(device), x)
     traces = {}
     variants = ([(True, "none"), (False, "none")] if args.compile == "none" else
                 [(True, c) for c in ("none", "model", "blocks")] if args.compile == "all" else
@@ -90,48 +81,21 @@ def main(argv=None) -> None:
     dist.destroy_process_group()
 
 
-def zero1_timeline(args, device) -> None:
+def zero1_timeline(args, gpt, x) -> None:
     """One ZeRO-1 optimizer step and the forward and backward after it: each bucket's
     all-gather from its launch in the step to its completion, the waits it cost the forward
     (exposed all-gather), and the next backward's reduce-scatters."""
-
-    from ..engine.ddp import DistributedDataParallel
     from ..optim.zero import ShardedOptimizer
-    from ..train.model import GPT
 
-    torch.manual_seed(0)
-    cfg = bench_gpt(args.n_layer, args.n_embd)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randint(0, 256, (4, cfg.block_size + 1), generator=g).to(device)
-    model = DistributedDataParallel(GPT(cfg).to(device), bucket_cap_mb=args.bucket_mb, shard_optimizer=True)
-    opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-4, fused=device.type in ("cpu", "cuda"))
-    loss_of = lambda: lm_loss(model, x)  # noqa: E731
-    def full_step():
-        opt.zero_grad()
-        loss_of().backward()
-        opt.step()
-
-    after_warmup(full_step, reps=0)  # the bucket rebuild, the optimizer's states
+    model = DistributedDataParallel(gpt, bucket_cap_mb=args.bucket_mb, shard_optimizer=True)
+    opt = ShardedOptimizer(model, torch.optim.AdamW, lr=1e-4, fused=x.device.type in ("cpu", "cuda"))
+    after_warmup(lambda: step(model, opt, x), reps=0)  # the bucket rebuild, the optimizer's states
     opt.zero_grad()
-    loss_of().backward()  # the gradients the traced optimizer step applies
-    tr = StepTrace(model)
-    dist.barrier()
-    sync(device)
-    tr.start()
-    clock = PhaseClock(device)  # no sync between the phases: the gathers may overlap the forward
-    opt.step()
-    clock.mark("optimizer")
-    loss = loss_of()
-    clock.mark("forward")
-    loss.backward()
-    clock.mark("backward")
-    for name, a, z in clock.spans():
-        tr.span(name, a, z)
-    exposed = opt.gather_wait_s  # the forward's waits for this step's all-gathers
-    trace = tr.stop()
+    lm_loss(model, x).backward()  # the gradients the traced optimizer step applies
+    trace = traced(model, lambda begin: step_then_next(model, opt, x, begin))
     label = (f"ZeRO-1: optimizer step, then forward and backward; {len(model.bucket_assignment)} buckets, "
              f"cap {args.bucket_mb:g} MB")
-    per_rank = gather({**trace, "exposed_gather_s": exposed})
+    per_rank = gather({**trace, "exposed_gather_s": opt.gather_wait_s})  # the forward's waits
     if dist.get_rank() == 0:
         print("wrote", *write({label: per_rank}, args.out))
         print(zero1_summary(per_rank))
