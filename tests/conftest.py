@@ -20,6 +20,7 @@ SMALL = ["data=synthetic", "model.n_layer=2", "model.n_embd=64", "model.n_head=4
          "model.block_size=32", "train.global_batch_size=16", "train.micro_batch_size=4",
          "train.eval_every=3", "train.eval_samples=64", "optim.warmup_steps=2", "wandb.mode=disabled"]
 LONG = [*SMALL, "train.max_steps=120", "train.ckpt_every=5", "train.eval_every=0"]
+TOK = [a for a in SMALL if not a.startswith("data=")]  # SMALL for runs on token files (data=tokens)
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +38,14 @@ def _no_subprocess_in_test_fast(request, monkeypatch):
 
 
 @pytest.fixture
+def corpus(tmp_path):
+    """A small text file to prepare."""
+    from tests.files import corpus
+
+    return corpus(tmp_path / "corpus.txt")
+
+
+@pytest.fixture
 def drawn_figures(monkeypatch):
     """Every matplotlib figure saved during the test, to check a plot against its data."""
     from matplotlib.figure import Figure
@@ -49,6 +58,24 @@ def drawn_figures(monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", record)
     return figures
+
+
+def compose_config(*overrides):
+    """conf/'s config with these Hydra overrides, as train.py composes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def main_exit(main, capsys, *argv):
+    """A tool's main(argv) in this process: (exit code, stderr)."""
+    try:
+        main([str(a) for a in argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
 
 
 def metrics(run_dir):
@@ -78,7 +105,6 @@ def in_process_trainer(monkeypatch, tmp_path):
     import signal
 
     import torch.distributed as dist
-    from hydra import compose, initialize_config_dir
 
     from minddp.train.config import register
     from minddp.train.trainer import Trainer
@@ -90,8 +116,7 @@ def in_process_trainer(monkeypatch, tmp_path):
     made = []
 
     def make(*overrides, run_dir=None) -> Trainer:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=["wandb.mode=disabled", "train.flight_recorder=0", *overrides])
+        cfg = compose_config("wandb.mode=disabled", "train.flight_recorder=0", *overrides)
         made.append(Trainer(cfg, str(run_dir or tmp_path / "run")))
         return made[-1]
 

@@ -1,6 +1,6 @@
 """Who is stuck where, from every rank's flight-recorder dump (`minddp debug` is its command line).
 
-The dumps are torch's own (written by minddp.train.flight_recorder on an exception, a
+The dumps are torch's own (written by minddp.train.metrics.flight_recorder on an exception, a
 collective timeout or SIGTERM), plus minddp's context per rank (step, phase, group ranks).
 The answer names, group by group, each rank's last collective and who never called the
 one the others wait in.

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.testing import assert_close
+
 from minddp.comm import collectives as C
 from tests import launch
-
 
 SIZES = [1, 2, 3, 7, 1000, 4097, 300_001]
 

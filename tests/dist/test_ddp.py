@@ -2,15 +2,16 @@
 
 
 import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.testing import assert_close
+
 import minddp
 from tests import launch
 from tests.models import MLP, B, WithBN, assert_same_params, batch, params_of, shard
-
 
 STEPS = 4
 

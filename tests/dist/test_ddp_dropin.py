@@ -3,10 +3,12 @@
 
 import copy
 import gc
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+
 import minddp
 from minddp.train.model import GPT, GPTConfig
 from tests import launch

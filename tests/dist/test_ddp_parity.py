@@ -10,18 +10,19 @@ import inspect
 import io
 import random
 import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.testing import assert_close
+
 import minddp
 from minddp.engine import transfer
 from minddp.engine.buckets import MiB, TensorSpec, assign_buckets
 from minddp.engine.usage import MAX_DEFER, UsageFlags
 from tests import launch
 from tests.models import MLP, WithBN, assert_same_params, batch, params_of, shard
-
 
 TORCH_DDP = nn.parallel.DistributedDataParallel
 

@@ -3,17 +3,15 @@
 
 import json
 from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from minddp.errors import ConfigError
-from minddp.parallel.dist import env_ranks
-from minddp.train import checkpoint
+
 from minddp.train.metrics import flight_recorder
 from minddp.train.safety import consistency
 from tests import launch
-from tests.conftest import SMALL, assert_same_curves, final_model, metrics
 
 
 # ------------------------------------------- fingerprints (torch's DETAIL mode)

@@ -6,26 +6,21 @@ What only a GPU can show is `make gpu-check`'s (scripts/gpu_check.py)."""
 import math
 import os
 import sys
+
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
 import minddp
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
 from minddp.train.metrics import flops
 from tests import launch
-from tests.conftest import ROOT
+from tests.conftest import compose_config
 from tests.models import MLP, batch, shard
 
-
 register()
-
-
-def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def test_mfu_above_one_is_never_reported():
@@ -60,9 +55,9 @@ def test_bf16_auto_is_off_on_cpu_and_explicit_settings_win():
     assert flops.set_precision("auto", cpu) is False
     assert flops.set_precision(True, cpu) is True
     assert flops.set_precision(False, cpu) is False
-    validate(_cfg("train.bf16=auto"), 1)
+    validate(compose_config("train.bf16=auto"), 1)
     with pytest.raises(ConfigError, match="train.bf16 must be true, false or auto"):
-        validate(_cfg("train.bf16=maybe"), 1)
+        validate(compose_config("train.bf16=maybe"), 1)
 
 
 # ------------------------------------------------- no host sync in a steady step

@@ -6,11 +6,12 @@ communication is timed per backend."""
 
 
 import copy
+
 import pytest
 import torch
 from torch import nn
+
 import minddp
-from minddp.engine.observer import clock_for
 from tests import launch
 from tests.models import MLP, batch, shard
 

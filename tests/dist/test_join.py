@@ -4,12 +4,14 @@ against torch DDP's own `join()` on the same script, on 2 and 3 real gloo ranks.
 
 
 import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.testing import assert_close
+
 import minddp
 from tests import launch
 from tests.models import batch, shard

@@ -3,6 +3,7 @@
 
 import pytest
 import torch.distributed as dist
+
 from minddp.parallel.mesh import Mesh, ParallelDims
 from tests import launch
 

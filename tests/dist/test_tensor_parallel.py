@@ -2,12 +2,13 @@
 
 
 import copy
-import pytest
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.testing import assert_close
+
 import minddp
 from minddp.parallel import tensor_parallel as tp
 from minddp.train.model import GPT, GPTConfig

@@ -33,12 +33,14 @@ tests are marked slow (make test runs them; make test-fast the two checks of the
 
 
 from __future__ import annotations
+
 import multiprocessing as mp
 import os
+
 import pytest
 import torch
-from tests import launch, torch_ddp_port
 
+from tests import launch, torch_ddp_port
 
 TIMEOUT_S = int(torch_ddp_port.TIMEOUT_S)  # per test, all ranks (torch's harness enforces it)
 

@@ -2,13 +2,14 @@
 
 
 import copy
+
 import pytest
 import torch
 from torch import nn
+
 import minddp
 from tests import launch
 from tests.models import MLP, assert_same_params, batch, params_of, shard
-
 
 # ----------------------------------------------------------- through train.py
 

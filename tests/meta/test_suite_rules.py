@@ -67,6 +67,7 @@ def test_the_tools_are_smaller_than_the_engine_and_the_optimizers():
     """Front ends over perf/ and the trainer: argparse, printing, rendering."""
     tools, engine, optim = lines((PKG / "tools").glob("*.py")), lines(engine_files()), lines(optim_files())
     assert tools < engine + optim, f"tools {tools} lines, engine {engine} + optimizers {optim}"
+    assert tools <= 1600, f"tools {tools} lines: at most half of the 3.2k they had before perf/ (0.4.0)"
 
 
 def _imported(path) -> set[str]:

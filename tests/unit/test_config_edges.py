@@ -3,18 +3,12 @@ train on nothing, a refused run that leaves the run dir as it was, a read-only r
 
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
-from tests.conftest import ROOT
+from tests.conftest import compose_config
 
 register()
-
-
-def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -29,9 +23,9 @@ def _cfg(*overrides):
 ])
 def test_settings_that_would_fail_later_or_train_on_nothing_are_refused(overrides, message):
     with pytest.raises(ConfigError) as e:
-        validate(_cfg(*overrides), 1)
+        validate(compose_config(*overrides), 1)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_synthetic_modulus_within_a_larger_vocabulary_is_accepted():
-    validate(_cfg("data=synthetic", "model.vocab_size=1000", "data.modulus=500"), 1)
+    validate(compose_config("data=synthetic", "model.vocab_size=1000", "data.modulus=500"), 1)

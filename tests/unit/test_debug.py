@@ -10,6 +10,7 @@ from minddp.errors import ConfigError
 from minddp.parallel.dist import env_ranks
 from minddp.train import checkpoint
 from minddp.train.metrics import flight_recorder
+from tests.files import RunsCode
 
 FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 
@@ -33,21 +34,14 @@ def test_configure_turns_on_torchs_recorder_and_never_overrides_an_export(tmp_pa
 
 
 # ------------------------------------------------------------ checkpoints
-class _RunsCode:
-    def __reduce__(self):
-        import os
-
-        return (os.system, (f"touch {_RunsCode.marker}",))
-
-
 def test_checkpoint_whose_pickle_runs_code_is_refused(tmp_path):
-    _RunsCode.marker = tmp_path / "pwned"
+    RunsCode.marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
-    torch.save({"model": {}, "optimizer": {}, "scheduler": {}, "step": 1, "payload": _RunsCode()}, evil)
-    assert not _RunsCode.marker.exists()
+    torch.save({"model": {}, "optimizer": {}, "scheduler": {}, "step": 1, "payload": RunsCode()}, evil)
+    assert not RunsCode.marker.exists()
     with pytest.raises(checkpoint.CheckpointError, match="refused.*could run code"):
         checkpoint.load(evil, "cpu")
-    assert not _RunsCode.marker.exists()  # and nothing ran
+    assert not RunsCode.marker.exists()  # and nothing ran
 
 
 def test_incomplete_torchrun_environment_is_named():

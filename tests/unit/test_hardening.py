@@ -2,18 +2,12 @@
 
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from minddp.errors import ConfigError
 from minddp.train.config import register, validate
-from tests.conftest import ROOT
+from tests.conftest import compose_config
 
 register()
-
-
-def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("override,message", [
@@ -33,11 +27,11 @@ def _cfg(*overrides):
 ])
 def test_every_setting_checkable_without_processes_is_checked_in_validate(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
-        validate(_cfg(override), 1)
+        validate(compose_config(override), 1)
 
 
 def test_the_defaults_validate_and_keep_the_global_batch_fixed():
-    one, two = validate(_cfg(), 1), validate(_cfg(), 2)  # global batch 32, micro-batch 8
+    one, two = validate(compose_config(), 1), validate(compose_config(), 2)  # global batch 32, micro-batch 8
     assert (one["dims"].dp, one["accum"]) == (1, 4)
     assert (two["dims"].dp, two["accum"]) == (2, 2)  # accumulation divided by the world size
-    assert validate(_cfg("mesh.tp=2"), 2)["dims"].tp == 2
+    assert validate(compose_config("mesh.tp=2"), 2)["dims"].tp == 2

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...perf.plot import pyplot
 from ..io.atomic import atomic_write
 
 
@@ -148,11 +149,7 @@ def chrome_trace(per_rank: list[dict], label: str = "") -> list[dict]:
 
 def render(traces: dict[str, list[dict]], png: str) -> None:
     """One panel per label (e.g. overlap on / off); per rank a compute and a comm lane."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colors = {"forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B2",
               "exposed wait": "#C44E52", "exposed all-gather": "#937860"}
     fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.6 + 1.3 * len(next(iter(traces.values())))

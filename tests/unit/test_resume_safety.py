@@ -1,6 +1,7 @@
 """Never lose a run: resume that cannot lose progress, what a crash leaves behind, the
 configuration a resume may change, and settings that are NaN or inf (issue 22)."""
 
+
 import copy
 import errno
 import logging
@@ -14,28 +15,16 @@ from omegaconf import OmegaConf
 from minddp.errors import ConfigError
 from minddp.train import checkpoint
 from minddp.train.config import register, validate
-from tests.conftest import ROOT, SMALL, metrics
-from tests.launch import run_train
+from tests.conftest import ROOT, compose_config, metrics
+from tests.files import TINY_STATE, snapshot
 
 register()
-
-STATE = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {}, "param_groups": [{"params": [0]}]},
-         "scheduler": {"last_epoch": 0}, "rng": [{"cpu": torch.get_rng_state()}]}
-
-
-def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def _run_with_checkpoints(tmp_path, steps=(2, 4, 6)):
     for step in steps:
-        checkpoint.save(tmp_path, step, {**STATE, "step": step})
+        checkpoint.save(tmp_path, step, {**TINY_STATE, "step": step})
     return [checkpoint.checkpoint_dir(tmp_path) / f"ckpt_{s:08d}.pt" for s in steps]
-
-
-def _snapshot(paths):
-    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}
 
 
 # ------------------------------------------------ item 1: resume cannot lose progress
@@ -44,14 +33,14 @@ def test_auto_with_every_checkpoint_unreadable_stops_naming_each_and_touching_no
     paths[0].write_bytes(b"")  # empty
     paths[1].write_bytes(paths[2].read_bytes()[:700])  # truncated zip
     torch.save({"model": {}, "step": 6}, paths[2])  # readable, but keys missing
-    before = _snapshot(paths)
+    before = snapshot(paths)
     with pytest.raises(ConfigError) as e:  # exit 2 in train.py, on every rank
         checkpoint.resolve(tmp_path, "auto", "cpu")
     text = str(e.value)
     assert "none of the 3 checkpoints" in text and "Nothing was changed" in text
     for p, why in zip(paths, ("EOFError", "failed finding central directory", "not a minddp checkpoint")):
         assert str(p) in text and why in text.split(str(p), 1)[1].splitlines()[0], (p, why, text)
-    assert _snapshot(paths) == before
+    assert snapshot(paths) == before
 
 
 @pytest.mark.parametrize("error,raised", [
@@ -62,7 +51,7 @@ def test_auto_with_every_checkpoint_unreadable_stops_naming_each_and_touching_no
 ])
 def test_a_transient_error_propagates_and_never_falls_back(tmp_path, monkeypatch, error, raised):
     paths = _run_with_checkpoints(tmp_path)
-    before = _snapshot(paths)
+    before = snapshot(paths)
     tried = []
 
     def failing_load(path, **kwargs):
@@ -77,7 +66,7 @@ def test_a_transient_error_propagates_and_never_falls_back(tmp_path, monkeypatch
     assert tried == [paths[-1]]  # the newest only: ckpt 4 and 2 were never tried
     if raised is checkpoint.CheckpointReadError:
         assert str(paths[-1]) in str(e.value) and "no older checkpoint is used" in str(e.value)
-    assert _snapshot(paths) == before
+    assert snapshot(paths) == before
 
 
 def test_no_checkpoint_files_is_a_fresh_start(tmp_path):
@@ -89,11 +78,11 @@ def test_no_checkpoint_files_is_a_fresh_start(tmp_path):
 
 def test_a_fresh_start_refuses_a_run_dir_that_holds_checkpoints(tmp_path):
     paths = _run_with_checkpoints(tmp_path, (2,))
-    before = _snapshot(paths)
+    before = snapshot(paths)
     with pytest.raises(ConfigError, match="train.resume=none, but the run dir .* holds 1 checkpoint.*"
                                           "train.resume=auto"):
         checkpoint.resolve(tmp_path, "none", "cpu")
-    assert _snapshot(paths) == before
+    assert snapshot(paths) == before
 
 
 def test_orphan_temporary_files_of_both_namings_are_removed_at_start_up(tmp_path):
@@ -138,10 +127,10 @@ def _full_disk_save(error: Exception | str):
 ])
 def test_a_full_disk_names_the_folder_and_free_space_and_keeps_the_previous_one(tmp_path, monkeypatch,
                                                                                  error, said):
-    checkpoint.save(tmp_path, 1, {**STATE, "step": 1})
+    checkpoint.save(tmp_path, 1, {**TINY_STATE, "step": 1})
     monkeypatch.setattr(torch, "save", _full_disk_save(error))
     with pytest.raises(checkpoint.CheckpointWriteError) as e:
-        checkpoint.save(tmp_path, 2, {**STATE, "step": 2})
+        checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2})
     text, d = str(e.value), checkpoint.checkpoint_dir(tmp_path)
     assert f"MiB free in {d}" in text and said in text
     assert "previous checkpoint is intact (ckpt_00000001.pt)" in text
@@ -150,29 +139,10 @@ def test_a_full_disk_names_the_folder_and_free_space_and_keeps_the_previous_one(
     assert checkpoint.load(checkpoint.latest(tmp_path), "cpu")["step"] == 1
 
 
-@pytest.mark.slow  # it runs mount(8); about a second
-def test_a_real_full_disk_is_a_checkpoint_write_error_and_the_previous_one_stays(tmp_path):
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
-    if p.returncode:
-        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
-    try:
-        checkpoint.save(mnt, 1, {**STATE, "step": 1})
-        with pytest.raises(checkpoint.CheckpointWriteError, match=r"MiB free in .*small/checkpoints"):
-            checkpoint.save(mnt, 2, {**STATE, "model": {"w": torch.ones(2**20)}, "step": 2})  # 4 MiB
-        assert [q.name for q in (mnt / "checkpoints").iterdir()] == ["ckpt_00000001.pt"]
-        assert checkpoint.load(checkpoint.latest(mnt), "cpu")["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-
-
 def test_a_runtime_error_that_is_not_the_write_is_not_called_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", _full_disk_save("can't pickle a generator"))
     with pytest.raises(RuntimeError, match="generator") as e:
-        checkpoint.save(tmp_path, 2, {**STATE, "step": 2})
+        checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2})
     assert not isinstance(e.value, checkpoint.CheckpointWriteError)
 
 
@@ -208,7 +178,7 @@ def test_the_ranks_error_line_is_printed_even_if_the_flight_recorder_dump_fails(
 
 # ----------------------------------------------- item 3: resume checks the configuration
 def _config(*overrides):
-    return OmegaConf.to_container(_cfg(*overrides), resolve=True)
+    return OmegaConf.to_container(compose_config(*overrides), resolve=True)
 
 
 def test_settings_that_break_an_exact_resume_are_refused_with_a_diff():
@@ -251,7 +221,7 @@ def test_what_may_change_on_resume_is_applied(tmp_path):
 def test_a_non_finite_setting_is_a_config_error(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"{key}=-?(nan|inf) is not a finite number"):
-        validate(_cfg(override), 1)
+        validate(compose_config(override), 1)
 
 
 def _float_keys(node, prefix=""):
@@ -264,7 +234,7 @@ def _float_keys(node, prefix=""):
 
 @pytest.mark.parametrize("group", ["data=text", "data=synthetic", "model=mlp"])
 def test_every_float_setting_of_every_group_rejects_nan_and_inf(group):
-    cfg = _cfg(group, "ddp.bucket_cap_mb=25.0", "train.peak_tflops=1.0")  # optional floats set too
+    cfg = compose_config(group, "ddp.bucket_cap_mb=25.0", "train.peak_tflops=1.0")  # optional floats set too
     keys = list(_float_keys(OmegaConf.to_container(cfg, resolve=True)))
     assert len(keys) >= 10, keys
     for key in keys:
@@ -280,82 +250,4 @@ def test_nan_cannot_slip_through_a_range_check():
     from minddp.train.config import _setting_problems
 
     for override in ("optim.lr=nan", "optim.grad_clip=nan", "ddp.bucket_cap_mb=nan", "train.timeout_s=nan"):
-        assert list(_setting_problems(_cfg(override))), override
-
-
-# ------------------------------------------------------------ end to end (slow)
-ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("override,message", [
-    ("bogus.key=1", "Key 'bogus' not in 'Config'"),
-    ("train.max_steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
-])
-def test_hydras_own_errors_exit_2_with_hydras_message(tmp_path, override, message):
-    p = run_train(tmp_path / "x", *SMALL, override, check=False, timeout=60)
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert message in p.stderr, p.stderr[-2000:]
-    assert "[rank 0] minddp: configuration error (Hydra's message above)" in p.stderr
-    assert "Traceback" not in p.stderr
-
-
-@pytest.mark.slow
-def test_all_checkpoints_unreadable_exits_2_on_every_rank_naming_them(tmp_path):
-    run = tmp_path / "run"
-    run_train(run, *ARGS, "train.stop_at_step=4", nproc=2)
-    paths = checkpoint.all_checkpoints(run)
-    assert len(paths) == 2
-    for p in paths:
-        p.write_bytes(p.read_bytes()[:500])
-    before, rows = _snapshot(paths), metrics(run)
-    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=120)
-    assert p.returncodes == [2, 2], p.stderr[-3000:]
-    for rank in (0, 1):
-        assert f"[rank {rank}] minddp: configuration error:" in p.stderr, p.stderr[-3000:]
-    assert all(str(path) in p.stderr for path in paths)
-    assert _snapshot(paths) == before and metrics(run) == rows
-    assert sorted(checkpoint.checkpoint_dir(run).iterdir()) == sorted(paths)
-
-
-@pytest.mark.slow
-def test_a_transient_read_error_stops_every_rank_without_falling_back(tmp_path):
-    run = tmp_path / "run"
-    run_train(run, *ARGS, "train.stop_at_step=4", nproc=2)
-    newest = checkpoint.latest(run)
-    data = newest.read_bytes()
-    newest.unlink()
-    newest.symlink_to("/proc/self/mem")  # reading it is a real I/O error (EIO)
-    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=120)
-    assert p.returncode != 0 and 2 not in p.returncodes, p.stderr[-3000:]  # not a config error
-    assert "[rank 0] minddp: CheckpointReadError: could not read checkpoint" in p.stderr
-    assert "[rank 1] minddp: CheckpointReadError: rank 0 could not resume" in p.stderr
-    assert "resumed from" not in p.stdout + p.stderr
-    newest.unlink()
-    newest.write_bytes(data)
-    assert [q.name for q in checkpoint.all_checkpoints(run)] == ["ckpt_00000004.pt", "ckpt_00000002.pt"]
-
-
-@pytest.mark.slow
-def test_resume_refuses_a_new_seed_and_applies_a_new_lr(tmp_path):
-    run = tmp_path / "run"
-    run_train(run, *ARGS, "train.stop_at_step=2", nproc=2)
-    p = run_train(run, *ARGS, "train.resume=auto", "seed=7", "model.n_embd=32", nproc=2, check=False,
-                  timeout=120)
-    assert p.returncodes == [2, 2], p.stderr[-3000:]
-    for rank in (0, 1):
-        assert f"[rank {rank}] minddp: configuration error: resuming from" in p.stderr
-    assert "seed: 1337 -> 7" in p.stderr and "model.n_embd: 64 -> 32" in p.stderr
-    # a new optim.lr and max_steps: applied (the schedule is this run's), and listed
-    p = run_train(run, *ARGS, "train.resume=auto", "optim.lr=0.003", "train.max_steps=8")
-    assert "changed on resume, applied: optim.lr: 0.001 -> 0.003" in p.stdout + p.stderr
-    from minddp.train.build import lr_factor
-
-    new, got = _cfg(*ARGS, "optim.lr=0.003").optim, metrics(run)
-    assert [r["step"] for r in got] == list(range(1, 9))
-    for a in got[2:]:  # from the resumed step on: the new schedule (lr 0.003 over 8 steps), exactly
-        assert a["lr"] == pytest.approx(0.003 * lr_factor(a["step"], new, 8), rel=1e-12, abs=0), a
-    # and resume_force=true takes a refused change, listing it
-    p = run_train(run, *ARGS, "train.resume=auto", "seed=7", "train.max_steps=9",
-                  "train.resume_force=true", "optim.lr=0.003")
-    assert "changed on resume (train.resume_force=true): seed: 1337 -> 7" in p.stdout + p.stderr
+        assert list(_setting_problems(compose_config(override))), override

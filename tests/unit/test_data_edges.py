@@ -2,12 +2,8 @@
 id check reads every token, llm.c headers are checked, formats are not mixed, and the
 vocabulary is decided (and reported) the same way for nanoGPT, llm.c and build-nanogpt data."""
 
-import json
-import logging
-import os
+
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,48 +11,11 @@ import pytest
 from minddp.errors import ConfigError
 from minddp.train import data
 from minddp.train.data import tokens
-from tests.conftest import ROOT, SMALL
-from tests.launch import free_port
-
-TOK = [a for a in SMALL if not a.startswith("data=")]
-
-
-class Cfg:
-    """The data=tokens config node, as load_tokens reads it."""
-
-    def __init__(self, folder, dtype="auto"):
-        self.name, self.dir, self.dtype = "tokens", str(folder), dtype
-
-
-def nanogpt(folder, n_train=400, n_val=100, vocab=50, meta=True):
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = np.arange(n_train + n_val) % vocab
-    ids[:n_train].astype(np.uint16).tofile(folder / "train.bin")
-    ids[n_train:].astype(np.uint16).tofile(folder / "val.bin")
-    if meta:
-        with open(folder / "meta.pkl", "wb") as f:
-            pickle.dump({"vocab_size": vocab}, f)
-    return folder
-
-
-def llmc(path, ids, version=1, magic=tokens.LLMC_MAGIC):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [magic, version, len(ids)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(ids, dtype=np.uint16 if version == 1 else np.uint32).tobytes())
-
-
-def llmc_folder(folder, version=1, n=300):
-    folder.mkdir(parents=True, exist_ok=True)
-    llmc(folder / "fw_train_000001.bin", np.arange(n) % 97, version)
-    llmc(folder / "fw_train_000002.bin", np.arange(n) % 89, version)
-    llmc(folder / "fw_val_000000.bin", np.arange(n) % 83, version)
-    return folder
+from tests.files import llmc_folder, nanogpt, tokens_config, write_llmc
 
 
 def load(folder, block_size=16, vocab=None, dtype="auto"):
-    return data.load_tokens(Cfg(folder, dtype), block_size, vocab)
+    return data.load_tokens(tokens_config(folder, dtype), block_size, vocab)
 
 
 # ------------------------------------------------------------------ broken files
@@ -149,7 +108,7 @@ def test_a_bad_llmc_header_is_an_error_not_plain_tokens(tmp_path, magic, version
     if magic == 0:
         (tmp_path / "fw_train_000002.bin").write_bytes(np.zeros(256 + 600, dtype=np.int32).tobytes())
     else:
-        llmc(tmp_path / "fw_train_000002.bin", ids, version=1, magic=magic)
+        write_llmc(tmp_path / "fw_train_000002.bin", ids, version=1, magic=magic)
         if version != 1:
             raw = bytearray((tmp_path / "fw_train_000002.bin").read_bytes())
             raw[4:8] = np.int32(version).tobytes()
@@ -178,7 +137,7 @@ def test_llmc_shards_default_to_their_tokenizers_vocabulary(tmp_path, version, v
 
 def test_llmc_versions_mixed_in_one_folder_are_named(tmp_path):
     llmc_folder(tmp_path, version=1)
-    llmc(tmp_path / "fw_train_000003.bin", np.arange(100), version=2)
+    write_llmc(tmp_path / "fw_train_000003.bin", np.arange(100), version=2)
     with pytest.raises(ConfigError, match=r"fw_train_000001\.bin is llm\.c v1 but fw_train_000003\.bin is "
                                           r"llm\.c v2: one folder, one format"):
         load(tmp_path)
@@ -194,7 +153,7 @@ def test_two_formats_in_one_folder_name_both(tmp_path, other, named):
     if other.endswith(".npy"):
         np.save(tmp_path / other, np.arange(100, dtype=np.uint16))
     else:
-        llmc(tmp_path / other, np.arange(100))
+        write_llmc(tmp_path / other, np.arange(100))
     with pytest.raises(ConfigError, match=r"holds two formats \(nanoGPT's train\.bin/val\.bin: train\.bin; "
                                           + named):
         load(tmp_path)
@@ -271,66 +230,6 @@ def test_too_little_data_for_one_global_batch_or_no_text_is_a_config_error(tmp_p
         data.load_data(text, 16)
 
 
-# ------------------------------------------------------------------ end to end
-@pytest.mark.slow
-def test_a_broken_folder_exits_2_on_every_rank_without_a_traceback(tmp_path):
-    nanogpt(tmp_path / "d")
-    (tmp_path / "d" / "train.bin").write_bytes(b"")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2",
-           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"),
-           *TOK, "data=tokens", f"data.dir={tmp_path / 'd'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run")}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0
-    for rank in (0, 1):
-        assert f"[rank {rank}] minddp: configuration error: {tmp_path}/d/train.bin is empty" in out, out
-    # torchrun's agent prints its own traceback (ChildFailedError); the workers print none
-    assert "/minddp/" not in out and "train.py\", line" not in out and "flight recorder" not in out, out
-    assert "exitcode  : 2" in out  # torchrun's report of the worker's exit code
-
-
-def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch, caplog, in_process_trainer):
-    """In process: llm.c GPT-2 shards, no model.vocab_size, a relative data.dir."""
-    import torch
-
-    from minddp.train import trainer as trainer_mod
-    from minddp.train.resume import state
-
-    llmc_folder(tmp_path / "shards", n=400)
-    monkeypatch.chdir(tmp_path)
-    seen = {}
-
-    class Recording(trainer_mod.Tracker):
-        def __init__(self, run_dir, config, *args, **kwargs):
-            seen["wandb_config"] = config
-            super().__init__(run_dir, config, *args, **kwargs)
-
-    monkeypatch.setattr(trainer_mod, "Tracker", Recording)
-    run = tmp_path / "run"
-    t = in_process_trainer("data=tokens", "data.dir=shards", "model.n_layer=1", "model.n_embd=32",
-                           "model.n_head=2", "model.block_size=16", "train.global_batch_size=8",
-                           "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=2", run_dir=run)
-    with caplog.at_level(logging.INFO, logger="minddp"):
-        t.setup()
-        state.save(run, 0, model=t.model, opt=t.opt, sched=t.sched, batches=t.batches, mesh=t.mesh,
-                   device=t.info.device, saved_with={"config": t.run_config(), "data": t.data_info.as_dict()})
-    folder = str(tmp_path / "shards")
-    info = json.loads((run / "run.json").read_text())
-    assert info["config"]["model"]["vocab_size"] == 50_257 and info["config"]["data"]["dir"] == folder
-    assert info["data"]["format"] == "llm.c shards v1 (GPT-2)"
-    assert info["data"]["tokens"] == {"train": 800, "val": 400}
-    assert info["data"]["files"] == {"train": 2, "val": 1}
-    assert seen["wandb_config"]["data_info"]["vocab_size"] == 50_257
-    assert seen["wandb_config"]["model"]["vocab_size"] == 50_257
-    saved = torch.load(run / "checkpoints" / "ckpt_00000000.pt", weights_only=True)["config"]
-    assert saved["model"]["vocab_size"] == 50_257 and saved["data"]["dir"] == folder
-    startup = next(r.getMessage() for r in caplog.records if "parameters, world" in r.getMessage())
-    assert info["data"]["dtype"] == "uint16"
-    assert ("data llm.c shards v1 (GPT-2) uint16, 2 train + 1 val files, 800 train / 400 val tokens, "
-            "vocabulary 50257 (llm.c header version 1 (GPT-2))") in startup, startup
-
-
 # ------------------------------------------ data fingerprints and rank agreement (issue 28)
 def test_the_fingerprint_follows_the_bytes_not_the_folder(tmp_path):
     from minddp.train.data import fingerprint
@@ -360,92 +259,6 @@ def test_resume_on_changed_data_is_refused_unless_forced():
     assert resume_check.check_data(saved, now, True, "ckpt_4.pt") == [
         "changed on resume (train.resume_force=true): data fingerprint aaaa -> bbbb (files of /d)"]
     assert resume_check.check_data(None, now, False, "old.pt") == []  # older checkpoints: not compared
-
-
-def _load_agreed(rank, world_size, folders):
-    return data.load_data_agreed(Cfg(folders[rank]), 16)[2].fingerprint
-
-
-def test_one_ranks_broken_file_is_the_same_error_on_every_rank_at_once(tmp_path):
-    from tests import launch
-
-    good, bad = nanogpt(tmp_path / "good"), nanogpt(tmp_path / "bad")
-    (bad / "train.bin").write_bytes(b"")
-    t0 = __import__("time").monotonic()
-    errors = launch.ranks_expect_errors(_load_agreed, 2, [good, bad], timeout=60)
-    assert __import__("time").monotonic() - t0 < 20
-    want = f"ConfigError: on rank 1 (1 of 2 ranks failed): {bad}/train.bin is empty"
-    assert all(want in errors[r] for r in (0, 1)), errors
-
-
-def test_ranks_reading_different_files_is_an_error_on_every_rank(tmp_path):
-    from tests import launch
-
-    a, b = nanogpt(tmp_path / "a"), nanogpt(tmp_path / "b", n_train=500)
-    errors = launch.ranks_expect_errors(_load_agreed, 2, [a, b], timeout=60)
-    for r in (0, 1):
-        assert "ConfigError: the ranks read different data (fingerprints rank 0: " in errors[r], errors[r]
-        assert f"from {a}; rank 1: " in errors[r] and f"from {b})" in errors[r]
-    assert len(set(launch.ranks(_load_agreed, 2, [a, a], timeout=60))) == 1
-
-
-@pytest.mark.slow
-def test_a_bad_file_on_one_rank_exits_2_on_every_rank_within_seconds(tmp_path):
-    nanogpt(tmp_path / "d0")
-    (nanogpt(tmp_path / "d1") / "train.bin").write_bytes(b"\0" * 7)  # odd size: not uint16 tokens
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2",
-           "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}", str(ROOT / "train.py"),
-           *TOK, "data=tokens", f"data.dir={tmp_path}/d${{oc.env:RANK}}"]
-    # unbuffered, as under many launchers: each rank's line must still be one write (CI once saw
-    # "[rank 0] ...[rank 1] ..." on one line when print wrote the newline apart)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINDDP_RUN_DIR": str(tmp_path / "run"),
-           "PYTHONUNBUFFERED": "1"}
-    t0 = __import__("time").monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    took, out = __import__("time").monotonic() - t0, p.stdout + p.stderr
-    lines = sorted(x.split("] ", 1)[1] for x in out.splitlines() if "minddp: configuration error:" in x)
-    assert len(lines) == 2 and lines[0] == lines[1] and "on rank 1" in lines[0], out[-3000:]
-    assert "exitcode  : 1" not in out and "remote worker" not in out.lower(), out[-3000:]
-    assert took < 25, took  # gloo's "remote worker crashing" took ~30 s before
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tokens", "text"])
-def test_data_missing_on_one_rank_only_exits_2_on_every_rank_within_seconds(tmp_path, kind):
-    """Rank 1's node lacks the folder (or file): found out after the process group exists, agreed,
-    so every rank names it at once (checked before the group existed, rank 1 exited alone)."""
-    from tests.launch import run_train
-
-    if kind == "tokens":
-        nanogpt(tmp_path / "d0")
-        args = ["data=tokens", f"data.dir={tmp_path}/d${{oc.env:RANK}}"]
-    else:
-        (tmp_path / "d0").write_text("the quick brown fox jumps over the lazy dog. " * 200)
-        args = ["data=text", f"data.path={tmp_path}/d${{oc.env:RANK}}"]
-    t0 = __import__("time").monotonic()
-    p = run_train(tmp_path / "run", *TOK, *args, nproc=2, check=False, timeout=120)
-    took = __import__("time").monotonic() - t0
-    assert p.returncodes == [2, 2], p.stderr[-3000:]
-    missing = f"{tmp_path}/d1' " + ("is not a folder" if kind == "tokens" else "does not exist")
-    for rank in (0, 1):
-        assert f"[rank {rank}] minddp: configuration error: on rank 1 (1 of 2 ranks failed): " in p.stderr
-    assert p.stderr.count(missing) == 2, p.stderr[-3000:]
-    assert took < 20, took
-
-
-@pytest.mark.slow
-def test_resume_on_data_changed_under_the_same_folder_is_refused(tmp_path):
-    from tests.launch import run_train
-
-    d = nanogpt(tmp_path / "d", n_train=4000)
-    args = [*TOK, "data=tokens", f"data.dir={d}", "train.max_steps=4", "train.ckpt_every=2"]
-    run_train(tmp_path / "run", *args, "train.stop_at_step=2")
-    ids = np.fromfile(d / "train.bin", dtype=np.uint16)
-    (ids[::-1]).tofile(d / "train.bin")  # other content, same size and name
-    p = run_train(tmp_path / "run", *args, "train.resume=auto", check=False, timeout=120)
-    assert p.returncode == 2 and "other data than it was trained on: data fingerprint" in p.stderr, p.stderr
-    p = run_train(tmp_path / "run", *args, "train.resume=auto", "train.resume_force=true", timeout=120)
-    assert "changed on resume (train.resume_force=true): data fingerprint" in p.stdout + p.stderr
 
 
 def test_a_file_of_an_odd_size_shorter_than_a_header_is_named(tmp_path):
