@@ -41,8 +41,8 @@ import torch  # noqa: E402
 
 from minddp.train import checkpoint  # noqa: E402
 from tests.conftest import BIN, metrics  # noqa: E402
+from tests.files import corrupt  # noqa: E402
 from tests.launch import env_for, free_port, run_train, wait_for_step  # noqa: E402
-from tests.test_resume_edges import corrupt  # noqa: E402
 
 # ~1.8M parameters: a checkpoint of ~22 MB, whose write takes long enough to be killed in
 ARGS = ["data=synthetic", "model.n_layer=4", "model.n_embd=192", "model.n_head=4", "model.block_size=32",

@@ -1,15 +1,19 @@
 """Files the tests write and read: token files in nanoGPT's and llm.c's formats, a text corpus,
-a pickle that runs code when loaded, a minimal checkpoint, and what the tools write (markdown
+a pickle that runs code when loaded, a minimal checkpoint and ways to damage one, and what the
+tools write (markdown
 tables, plot lines)."""
 
 from __future__ import annotations
 
 import pickle
+import random
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from minddp.train import checkpoint
+from minddp.train.checkpoint import integrity
 from minddp.train.data.tokens import LLMC_MAGIC
 
 
@@ -89,6 +93,37 @@ TINY_STATE = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {}, "param_g
 def snapshot(paths) -> dict:
     """Each file's bytes and modification time: to show a failed operation left them alone."""
     return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}
+
+
+def corrupt(path, kind):
+    """Damage checkpoint `path` one way (tests/unit/test_resume_edges.py's KINDS; also make
+    soak-faults' corrupt phase)."""
+    data = path.read_bytes()
+    if kind.startswith("truncated"):
+        path.write_bytes(data[: int(kind.split(":")[1])])
+    elif kind.startswith("random"):
+        path.write_bytes(random.Random(int(kind.split(":")[1])).randbytes(20_000))
+    elif kind == "dangling symlink":
+        path.unlink()
+        path.symlink_to(path.parent / "gone.pt")
+    elif kind == "folder":
+        path.unlink()
+        path.mkdir()
+    elif kind == "flipped bit":
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0x04
+        path.write_bytes(bytes(flipped))
+    else:  # a nested key missing, or a tensor of another shape: saved with valid checksums
+        state = torch.load(path, weights_only=True)
+        state.pop(integrity.KEY)
+        if kind == "wrong shape":
+            state["model"][next(iter(state["model"]))] = torch.zeros(3, 3)
+        elif kind == "wrong optimizer shape":
+            state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(2)
+        else:
+            outer, _, inner = kind.partition(".")
+            (state[outer] if inner else state).pop(inner or outer)
+        checkpoint.save(path.parent.parent, state["step"], state)
 
 
 def md_rows(text: str) -> list[dict]:

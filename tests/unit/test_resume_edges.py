@@ -6,7 +6,6 @@ steps, checksums, file modes, Ctrl-C, and `minddp debug` on malformed dumps."""
 import errno
 import logging
 import os
-import random
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from minddp.train.checkpoint import integrity
 from minddp.train.config import default_run_dir, register
 from minddp.train.io import atomic
 from tests.conftest import SMALL, compose_config
+from tests.files import corrupt
 
 register()
 
@@ -100,36 +100,6 @@ def test_the_resume_command_keeps_the_overrides_and_the_launcher():
 
 
 # ------------------------------------------ 2. a corrupt newest checkpoint falls back
-def corrupt(path, kind):
-    """Damage checkpoint `path` in one of KINDS' ways (also make soak-faults' corrupt phase)."""
-    data = path.read_bytes()
-    if kind.startswith("truncated"):
-        path.write_bytes(data[: int(kind.split(":")[1])])
-    elif kind.startswith("random"):
-        path.write_bytes(random.Random(int(kind.split(":")[1])).randbytes(20_000))
-    elif kind == "dangling symlink":
-        path.unlink()
-        path.symlink_to(path.parent / "gone.pt")
-    elif kind == "folder":
-        path.unlink()
-        path.mkdir()
-    elif kind == "flipped bit":
-        flipped = bytearray(data)
-        flipped[len(data) // 2] ^= 0x04
-        path.write_bytes(bytes(flipped))
-    else:  # a nested key missing, or a tensor of another shape: saved with valid checksums
-        state = torch.load(path, weights_only=True)
-        state.pop(integrity.KEY)
-        if kind == "wrong shape":
-            state["model"][next(iter(state["model"]))] = torch.zeros(3, 3)
-        elif kind == "wrong optimizer shape":
-            state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(2)
-        else:
-            outer, _, inner = kind.partition(".")
-            (state[outer] if inner else state).pop(inner or outer)
-        checkpoint.save(path.parent.parent, state["step"], state)
-
-
 KINDS = ["truncated:15000", "truncated:2000", "truncated:100", "random:0", "random:1", "random:2",
          "rng", "scheduler.last_epoch", "optimizer.param_groups", "optimizer.state", "model",
          "wrong shape", "wrong optimizer shape", "dangling symlink", "folder", "flipped bit"]
