@@ -1,7 +1,6 @@
 """Files the tests write and read: token files in nanoGPT's and llm.c's formats, a text corpus,
 a pickle that runs code when loaded, a minimal checkpoint and ways to damage one, and what the
-tools write (markdown
-tables, plot lines)."""
+tools write (markdown tables, plot lines)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def _compare(rank, world_size, algo, dtype):
     assert_close(m, ref)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.slow)])  # 4: make test
 @pytest.mark.parametrize("algo", ["ring", "rs_ag", "tree", "hierarchical"])
 def test_equal_to_dist_all_reduce(algo, world_size):
     launch.ranks(_compare, world_size, algo, torch.float32, timeout=60)

@@ -452,7 +452,7 @@ def _algorithms(rank, world_size):
         assert_same_params(params_of(model), params_of(native))
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: make test
 def test_every_algorithm_trains_like_native(world_size):
     launch.ranks(_algorithms, world_size)
 
@@ -566,7 +566,7 @@ def _overlap_step(rank, world_size, opt_name):
         ddp.clip_grad_norm_(1.0)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: make test
 @pytest.mark.parametrize("opt_name", ["adamw", "sgd"])
 def test_optimizer_overlap_equals_the_ordinary_step(world_size, opt_name):
     launch.ranks(_overlap_step, world_size, opt_name, timeout=120)

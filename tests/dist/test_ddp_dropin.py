@@ -14,6 +14,9 @@ from minddp.train.model import GPT, GPTConfig
 from tests import launch
 from tests.models import MLP, assert_same_params, batch, params_of, shard
 
+# whole training loops on real ranks (~22 s together): make test runs them, the inner loop does not
+pytestmark = pytest.mark.slow
+
 
 def _counting(model):
     """Count bucket reductions through a comm hook (every collective the engine issues)."""
