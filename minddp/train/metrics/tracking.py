@@ -3,7 +3,7 @@ close the steady-state summary (summary.json beside metrics.jsonl, and W&B's sum
 
 Other ranks get a `NullTracker` with the same methods, so the training loop
 has no `if rank == 0` around logging. W&B's config holds the Hydra config (nested: W&B shows
-`train.max_steps`) and the run's identity as flat top-level keys (minddp.train.identity).
+`train.max_steps`) and the run's identity as flat top-level keys (minddp.train.metrics.identity).
 A resumed run never logs a step twice into one W&B run: it rewinds the run to the
 checkpoint's step (`resume_from`), or where that is refused continues in a new run of the
 same group whose config names the old one (`resumed_from`).
