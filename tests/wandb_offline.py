@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK, HEADER = 32768, 7
@@ -66,10 +67,25 @@ def read_run(run_file) -> dict:
     return out
 
 
+def finished(run_file, timeout: float = 20.0) -> Path:
+    """run_file once W&B's service has written its exit record: `run.finish()` returns before the
+    service (a process of its own) has flushed the file, which on a loaded machine can take
+    seconds. After `timeout` the file as it is (a run that never finished)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in records(run_file)):
+                break
+        except Exception:  # noqa: BLE001 - a file still being written (a header or record cut short)
+            pass
+        time.sleep(0.1)
+    return Path(run_file)
+
+
 def runs_under(folder) -> list[dict]:
-    """Every offline run under a folder, in the order they started."""
-    return [read_run(f) for f in sorted(Path(folder).rglob("offline-run-*/run-*.wandb"),
-                                        key=lambda f: f.parent.name)]
+    """Every offline run under a folder, in the order they started, each once it is written."""
+    return [read_run(finished(f)) for f in sorted(Path(folder).rglob("offline-run-*/run-*.wandb"),
+                                                  key=lambda f: f.parent.name)]
 
 
 def table(run: dict, key: str) -> dict:
