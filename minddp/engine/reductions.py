@@ -81,7 +81,9 @@ class Reduction:
         return self._reduce(b, self.layout.buckets[b].buffer)
 
     def shadow(self, b: int):
-        return self._reduce(b, torch.zeros_like(self.layout.buckets[b].buffer))
+        future = self._reduce(b, torch.zeros_like(self.layout.buckets[b].buffer))
+        self.take_work()  # no observer times a joined rank's zeros: keep no Work past the step
+        return future
 
     def take_work(self):
         """The Work of the collective `launch` just started, if the backend's own (for timing)."""
