@@ -97,7 +97,7 @@ def step(ddp, opt, x) -> None:
 
 # --------------------------------------------------------------------------- checks
 class SyncWatch:
-    """Event, stream and device synchronisations whose Python stack passes through minddp/, from
+    """Event, stream and device synchronisations whose Python stack passes through minddp's package, from
     torch.cuda._gpu_trace's callbacks (what set_sync_debug_mode does not flag: cudaEventSynchronize).
     The check script's own instrument: minddp itself never patches torch."""
 
@@ -118,12 +118,17 @@ class SyncWatch:
                 self.calls.append(f"{kind} sync at {where}")
 
 
+# minddp's code is what lies in the package's own folder: a path that merely contains "/minddp/"
+# (a clone named minddp, its .venv with torch, its tests/) is not
+PACKAGE = os.path.join(os.path.dirname(os.path.abspath(minddp.__file__)), "")
+
+
 def minddp_frame(frame) -> str | None:
-    """The innermost frame in minddp/'s code, as 'file.py:line', or None."""
+    """The innermost frame in minddp's package, as 'engine/file.py:line', or None."""
     while frame is not None:
-        path = frame.f_code.co_filename
-        if f"{os.sep}minddp{os.sep}" in path:
-            return f"{path.split(os.sep + 'minddp' + os.sep, 1)[1]}:{frame.f_lineno}"
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(PACKAGE):
+            return f"{path[len(PACKAGE):]}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 

@@ -93,10 +93,9 @@ class SyncSentinel(TorchFunctionMode):
         label = f"{getattr(owner, '__name__', owner)}.{name}"
 
         def counted(*args, **kwargs):
-            frame = sys._getframe(1)
-            path = frame.f_code.co_filename
-            if f"{os.sep}minddp{os.sep}" in path:
-                self.calls.append(f"{label} at {path.split('minddp' + os.sep, 1)[1]}:{frame.f_lineno}")
+            where = in_minddp(sys._getframe(1))
+            if where:
+                self.calls.append(f"{label} at {where}")
             return wait(*args, **kwargs)
 
         return counted
@@ -111,11 +110,21 @@ class SyncSentinel(TorchFunctionMode):
                     accumulate_grad=True)
             return None
         if name in self.READS | self.BUILDS:
-            frame = sys._getframe(1)
-            path = frame.f_code.co_filename
-            if f"{os.sep}minddp{os.sep}" in path and not path.endswith("transfer.py"):
-                self.calls.append(f"{name} at {path.split('minddp' + os.sep, 1)[1]}:{frame.f_lineno}")
+            where = in_minddp(sys._getframe(1))
+            if where and not where.startswith("engine/transfer.py:"):
+                self.calls.append(f"{name} at {where}")
         return func(*args, **(kwargs or {}))
+
+
+# minddp's code is the package's own folder, not any path holding "/minddp/" (a clone named
+# minddp: its .venv with torch, its tests/)
+PACKAGE = os.path.join(os.path.dirname(os.path.abspath(minddp.__file__)), "")
+
+
+def in_minddp(frame) -> str | None:
+    """'engine/ddp.py:120' when the frame's code lies in minddp's package, else None."""
+    path = os.path.abspath(frame.f_code.co_filename)
+    return f"{path[len(PACKAGE):]}:{frame.f_lineno}" if path.startswith(PACKAGE) else None
 
 
 def _engine_and_optimizer(kind):
@@ -160,19 +169,29 @@ def test_no_host_sync_in_a_steady_step(kind):
 
 
 def test_the_sentinel_counts_explicit_waits_from_minddp_code():
-    """The three waits, called from code whose file lies in minddp/ (on this CPU-only torch each
+    """The three waits, called from code whose file lies in minddp's package (on this CPU-only torch each
     then fails: what matters is that the sentinel saw it first)."""
     probe = compile(
         "for wait in (torch.cuda.synchronize, torch.cuda.Event.synchronize, torch.cuda.Stream.synchronize):\n"
         "    try:\n"
         "        wait() if wait is torch.cuda.synchronize else wait(None)\n"
         "    except (AssertionError, RuntimeError, TypeError, AttributeError):\n"
-        "        pass\n", os.path.join(os.sep, "x", "minddp", "probe.py"), "exec")
+        "        pass\n", os.path.join(PACKAGE, "probe.py"), "exec")
     with SyncSentinel() as sentinel:
         exec(probe, {"torch": torch})
     assert [c.split(" at ")[0] for c in sentinel.calls] == [
         "torch.cuda.synchronize", "Event.synchronize", "Stream.synchronize"], sentinel.calls
     assert torch.cuda.synchronize.__module__ == "torch.cuda"  # and put back afterwards
+
+
+def test_the_sentinel_ignores_torch_in_a_clone_named_minddp():
+    """`git clone` names the folder minddp; torch in its .venv is not minddp's code."""
+    elsewhere = os.path.join(os.sep, "tmp", "c", "minddp", ".venv", "lib", "torch", "optim", "optimizer.py")
+    mine = os.path.join(PACKAGE, "optim", "probe.py")
+    with SyncSentinel() as sentinel:
+        for filename in (elsewhere, mine):
+            exec(compile("torch.ones(1).item()\n", filename, "exec"), {"torch": torch})
+    assert sentinel.calls == ["item at optim/probe.py:1"], sentinel.calls
 
 
 def test_bench_ranks_on_gpus_are_not_pinned_and_reports_say_how_ranks_ran(monkeypatch):

@@ -4,11 +4,14 @@ which items a world of one reports as SKIP, and the torch range minddp supports.
 
 
 import importlib.util
+import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
+import minddp
 from minddp import _compat
 from tests.conftest import ROOT
 
@@ -123,13 +126,27 @@ def test_world_one_says_what_it_cannot_prove():
     assert [n for n, _ in worker.checks("nccl", None, 1)] == worker.NAMES  # every item is printed
 
 
-def test_the_sync_watch_attributes_a_sync_to_minddps_innermost_frame():
-    worker = _script("gpu_check_worker")
-    code = compile("def read():\n    return inner()\n", "/x/minddp/engine/transfer.py", "exec")
+def _frame_in(worker, filename):
+    code = compile("def read():\n    return inner()\n", filename, "exec")
     scope = {"inner": lambda: worker.minddp_frame(sys._getframe())}
     exec(code, scope)
-    assert scope["read"]() == "engine/transfer.py:2"
+    return scope["read"]()
+
+
+def test_the_sync_watch_attributes_a_sync_to_minddps_innermost_frame():
+    worker = _script("gpu_check_worker")
+    package = Path(minddp.__file__).parent
+    assert _frame_in(worker, str(package / "engine" / "transfer.py")) == "engine/transfer.py:2"
     assert worker.minddp_frame(sys._getframe()) is None  # this test file is not minddp's
+
+
+@pytest.mark.parametrize("where", [".venv/lib/python3.12/site-packages/torch/optim/optimizer.py",
+                                   "tests/dist/test_gpu_paths.py", "scripts/gpu_check_worker.py"])
+def test_a_clone_named_minddp_is_not_minddps_code(where):
+    """`git clone` names the folder minddp: its .venv (torch), tests/ and scripts/ hold "/minddp/"
+    in their paths but are not the package."""
+    worker = _script("gpu_check_worker")
+    assert _frame_in(worker, os.path.join(os.sep, "tmp", "c", "minddp", where)) is None
 
 
 def test_the_supported_torch_range_is_pinned():
