@@ -376,15 +376,28 @@ def check_bench(gpus: int, out: Path) -> bool:
     return verdict("collective benchmark (nccl)", passed, f"{gpus} ranks: {detail}; {t}")
 
 
-def why_no_cuda(torch) -> str | None:
-    """None when a CUDA device is usable, else the one-line reason."""
+def why_no_cuda(torch, smi: str | None) -> str | None:
+    """None when a CUDA device is usable, else the one-line reason (smi: nvidia-smi's output, None
+    without one): no GPU here at all, or a CPU build of torch on a GPU machine."""
+    if torch.version.cuda is None and not (smi and "GPU" in smi):
+        return (f"nothing was checked: there is no GPU on this machine (no nvidia-smi sees one; torch "
+                f"{torch.__version__} is a CPU-only build, as it should be here). On a GPU node: "
+                "make wheelhouse here, copy wheelhouse/ over, run make gpu-check PYTHON=python3 there")
     if torch.version.cuda is None:
-        return (f"nothing was checked: this torch is a CPU-only build (torch {torch.__version__}); "
-                "install a CUDA wheel of the same version on the GPU machine")
+        return (f"nothing was checked: this torch is a CPU-only build (torch {torch.__version__}) on a GPU "
+                "machine; install a CUDA wheel of the same version, or make gpu-check PYTHON=python3")
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return (f"nothing was checked: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no "
                 f"CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
     return None
+
+
+def nvidia_smi() -> str | None:
+    """nvidia-smi's output, or None where there is none (no driver, no GPU)."""
+    try:
+        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def torch_build_line() -> None:
@@ -393,11 +406,7 @@ def torch_build_line() -> None:
 
     from minddp._compat import TORCH_FLOOR
 
-    try:
-        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        smi = None
-    note = cpu_torch_note(torch.__version__, torch.version.cuda, smi, TORCH_FLOOR)
+    note = cpu_torch_note(torch.__version__, torch.version.cuda, nvidia_smi(), TORCH_FLOOR)
     if note:
         say(note)
 
@@ -416,7 +425,7 @@ def main() -> None:
     bootstrap(args)
     import torch
 
-    reason = why_no_cuda(torch)
+    reason = why_no_cuda(torch, nvidia_smi() if torch.version.cuda is None else None)
     if reason:
         say(f"gpu-check: {reason}")
         raise SystemExit(1)

@@ -67,13 +67,18 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="minddp sample", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", help="a run directory or a checkpoint file")
-    ap.add_argument("--prompt", default="\n")
+    ap.add_argument("--prompt", default="\n", help="text to continue, encoded with the run's tokenizer "
+                    "(default: a newline)")
     ap.add_argument("--prompt-ids", default=None, help="the prompt as token ids: '50256' or '1,2,3'")
     ap.add_argument("--data", default=None, help="the token folder, if it moved since training")
-    ap.add_argument("--tokens", type=int, default=200)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--top-k", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--tokens", type=int, default=200,
+                    help="how many tokens to generate (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.8,
+                    help="softmax temperature: lower is more predictable (default: %(default)s)")
+    ap.add_argument("--top-k", type=int, default=40,
+                    help="sample among the k likeliest tokens; 0: all (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1337, help="random seed, for the same text again "
+                    "(default: %(default)s)")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     try:

@@ -174,3 +174,23 @@ def test_the_sigterm_item_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     assert gc.check_sigterm(1, tmp_path)
     word, detail = gc.RESULTS["SIGTERM: exit 0, a loadable checkpoint at the step it stopped"].values()
     assert word == "PASS" and "exit 0" in detail, detail
+
+
+class _Torch:  # what why_no_cuda reads of torch: a CPU-only build
+    __version__ = "2.13.0+cpu"
+
+    class version:
+        cuda = None
+
+
+SMI_WITH_GPU = ("| NVIDIA-SMI 570.1  Driver Version: 570.1  CUDA Version: 12.8 |\n"
+                "|   0  NVIDIA H100 80GB HBM3 | GPU")
+
+
+def test_gpu_check_without_a_gpu_says_so_and_points_to_the_offline_route():
+    """A laptop (no nvidia-smi) is told there is no GPU here, not to install a CUDA wheel."""
+    line = gc.why_no_cuda(_Torch, None)
+    assert "no GPU on this machine" in line and "make wheelhouse" in line and "PYTHON=python3" in line
+    assert "install a CUDA wheel" not in line
+    on_a_gpu_node = gc.why_no_cuda(_Torch, SMI_WITH_GPU)
+    assert "CPU-only build" in on_a_gpu_node and "CUDA wheel" in on_a_gpu_node
