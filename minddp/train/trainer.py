@@ -38,6 +38,7 @@ from .build import build_model, build_optimizer, lr_factor
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
+from .io import lock
 from .io.atomic import atomic_write
 from .metrics import flight_recorder, flops, steptrace
 from .metrics import identity as ident_
@@ -75,6 +76,7 @@ class Trainer:
         derived = validate(cfg, env_ranks()[2])  # the settings, before any process group uses them
         flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
         self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
+        lock.hold_agreed(self.run_dir, info.rank)  # one live job per run dir, before anything is written
         self.dims, self.accum, self.global_batch = derived["dims"], derived["accum"], derived["global_batch"]
         self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
         flight_recorder.register_groups(None, mesh.dp_group, mesh.tp_group)
