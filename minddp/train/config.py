@@ -92,7 +92,7 @@ class TrainConfig:
     resume: str = "none"  # none | auto | <run dir> (continues it there) | <path to a checkpoint>
     resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
-    peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table, or measured on CPU
+    peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPUs' table (none on CPU)
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     profile_steps: Optional[List[int]] = None  # [first, last]: a torch.profiler trace of these steps

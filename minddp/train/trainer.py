@@ -147,7 +147,7 @@ class Trainer:
         peak, self.peak_source = flops.peak_tflops(self.info.device, t.peak_tflops)
         peaks = torch.tensor([peak], dtype=torch.float64, device=self.info.device)
         dist.all_reduce(peaks)  # the job's peak: the sum over processes (each measured its own)
-        self.job_peak_tflops = peaks.item()  # MFU is None (not logged) where it would exceed 100%
+        self.job_peak_tflops = peaks.item() if peaks.item() > 0 else None  # NaN: a rank without a peak
 
     def _make_tracker(self):
         cfg, info, t = self.cfg, self.info, self.t
@@ -168,7 +168,7 @@ class Trainer:
             f"tp {self.dims.tp} ({info.backend}, {info.device.type}), accumulation {self.accum}, "
             f"{len(self.ddp.bucket_assignment)} buckets, ZeRO-1 {onoff(self.ddp.shard_optimizer)}, "
             f"optimizer overlap {onoff(self.ddp.optimizer_overlap)}, "
-            f"peak {self.job_peak_tflops:.3g} TFLOP/s\n"
+            f"{flops.peak_phrase(self.job_peak_tflops)}\n"
             f"  {self.data_info.summary()}; run dir {self.run_dir}"
             + (f"; resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
         return tracker
@@ -209,6 +209,7 @@ class Trainer:
         result = self.train_step(step)
         result.seconds = time.perf_counter() - t0
         self._window.append(result)
+        self.tracker.step_done(step)
         stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
         if t.check_every and step % t.check_every == 0:  # the step times ride on its all-gather
             self.opt.wait_params()

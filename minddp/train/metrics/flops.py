@@ -35,7 +35,7 @@ KNOWN_PEAKS_TFLOPS = {
     "A100": 312.0,  # A100 SXM4
     "A800": 312.0,
     "L40S": 362.0,
-    # others (and CPUs) are measured: measured_peak_tflops
+    # other GPUs are measured (measured_peak_tflops); a CPU has no MFU unless train.peak_tflops is set
 }
 
 
@@ -81,14 +81,24 @@ def table_peak(device_name: str) -> float | None:
 
 
 def peak_tflops(device: torch.device, configured: float | None = None) -> tuple[float, str]:
-    """(peak TFLOP/s of one device, where the number comes from)."""
+    """(peak TFLOP/s of one device, where the number comes from); NaN on a CPU without
+    train.peak_tflops: a matmul timed there moves with whatever else runs (19-95% MFU from one
+    run to the next under load), and an MFU that measures the neighbours is worse than none."""
     if configured:
         return float(configured), "train.peak_tflops"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        if table_peak(name):
-            return table_peak(name), f"{name} bf16 dense"
-    return measured_peak_tflops(device), f"measured {device.type} matmul (best of 5)"
+    if device.type != "cuda":
+        return float("nan"), "none known on cpu"
+    name = torch.cuda.get_device_name(device)
+    if table_peak(name):
+        return table_peak(name), f"{name} bf16 dense"
+    return measured_peak_tflops(device), f"measured {name} matmul (best of 5)"
+
+
+def peak_phrase(job_peak_tflops: float | None) -> str:
+    """The run header's words for the peak MFU is computed against."""
+    if job_peak_tflops is None or not job_peak_tflops > 0:
+        return "no MFU (no known peak: train.peak_tflops=N sets one)"
+    return f"peak {job_peak_tflops:.3g} TFLOP/s"
 
 
 def utilisation(tokens_per_s: float, flops_token: float, peak_device_tflops: float,
