@@ -8,6 +8,7 @@ the only one to change.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -104,3 +105,62 @@ def ddp_rebuilt_bucket_sizes(model) -> str:
     """torch DDP's bucket sizes after its rebuild, from its private logging data (the benchmark
     compares bucket counts with minddp's)."""
     return model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+
+
+# dynamo's first split point: torch's C10D constant (1 MiB), which dynamo's DDPOptimizer always uses.
+_DYNAMO_FIRST_BUCKET_BYTES = 1024 * 1024
+_warned: set[str] = set()
+
+
+class _DynamoDDPHandle:
+    """What dynamo reads from the DDP module it finds: the bucket cap, in bytes."""
+
+    def __init__(self, bucket_bytes_cap: int):
+        self.bucket_bytes_cap = bucket_bytes_cap
+
+
+def dynamo_bucket_cap(bucket_cap_mb: float | None, bucket_cap_mb_list=None) -> int:
+    """torch DDP's `bucket_bytes_cap`, the cap dynamo splits a compiled graph at: 25 MiB by default,
+    the largest of `bucket_cap_mb_list` when one is given."""
+    cap_mb = max(bucket_cap_mb_list) if bucket_cap_mb_list else bucket_cap_mb
+    return int((25.0 if cap_mb is None else cap_mb) * 1024 * 1024)
+
+
+@contextmanager
+@torch._disable_dynamo(recursive=False)
+def dynamo_sees_ddp(wrapper):
+    """Run the wrapped module's call as torch DDP's forward runs it (`_inside_ddp_forward`): dynamo
+    then compiles a whole-model graph with its DDPOptimizer, one subgraph per bucket of the wrapper's
+    cap (torch's composable `replicate` sets the same handshake), so each bucket's gradients come
+    out of their own backward node and go out while the rest of backward runs. Nested wrappers
+    restore the outer one's handshake. Disabled for dynamo: under `torch.compile(minddp.DDP(m))` the
+    module call inside is compiled as its own frame, with the handshake set. Below dynamo's fixed
+    1 MiB first bucket torch DDP's compiled forward raises; minddp keeps the graph whole and says so."""
+    cap = dynamo_bucket_cap(wrapper.bucket_cap_mb, wrapper.bucket_cap_mb_list)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    old = ddp._active_ddp_module
+    if cap >= _DYNAMO_FIRST_BUCKET_BYTES:
+        ddp._active_ddp_module = _DynamoDDPHandle(cap)
+    elif isinstance(wrapper.module, torch._dynamo.eval_frame.OptimizedModule):
+        warn_once("small-cap", "minddp: bucket_cap_mb below 1 keeps a compiled model one graph (dynamo's "
+                  "first bucket is 1 MiB), so its communication waits for the end of backward; use "
+                  "bucket_cap_mb >= 1 for buckets that go out during backward")
+    try:
+        yield
+    finally:
+        ddp._active_ddp_module = old
+
+
+def warn_once(key: str, message: str) -> None:
+    """One warning per process, not one per step."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def output_tensors(output) -> list[torch.Tensor]:
+    """The tensors in a module's output (nested tuples, lists, dicts, dataclasses torch's pytree
+    knows), as torch DDP finds them after its forward."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]

@@ -54,7 +54,7 @@ def load_run(run_dir: Path) -> dict | None:
 
 
 HEAD = ["steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu", "scaling",
-        "comm busy", "rank step min/median/max (ms)", "slowest rank"]
+        "comm busy", "rank step min/median/max (ms)", "slowest rank", "status"]
 
 
 def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list]]:
@@ -70,8 +70,14 @@ def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list
             fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%"), r["scaling"],
             fmt(s.get("comm/busy_fraction"), ".1%"),
             "-" if None in spread else "/".join(f"{v * 1e3:.1f}" for v in spread),
-            fmt(s.get("rank/slowest"), "d")])
+            fmt(s.get("rank/slowest"), "d"), ended(s)])
     return [*swept, *HEAD], rows
+
+
+def ended(s: dict) -> str:
+    """`ok`, or `non-finite` (a run that stopped on NaN/inf), with its skipped steps."""
+    skipped = s.get("skipped_steps")
+    return s.get("status", "ok") + (f" ({skipped} skipped)" if skipped else "")
 
 
 def modes_note(runs: list[dict]) -> str:
