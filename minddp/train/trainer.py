@@ -92,7 +92,7 @@ class Trainer:
         fits = checkpoint.shape_check(cfg.model, build_model, self.vocab_size)  # else corrupt: the previous
         self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits)
         resume_notes = resume_check.check_saved(ckpt_state, self.run_config(), self.data_info.as_dict(),
-                                                t.resume_force, self.ckpt_path)
+                                                t.resume_force, self.ckpt_path, self.global_batch)
         state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
         self.ddp = self._wrap(self.model)
         self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
@@ -104,7 +104,7 @@ class Trainer:
             self.tracker.info(note)
         self._window: list[StepResult] = []  # the steps since the last metrics row
         self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
-        self.skipped = 0
+        self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
@@ -227,7 +227,8 @@ class Trainer:
         if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
             state.save(self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched,
                        batches=self.batches, mesh=self.mesh, device=self.info.device, log=self.tracker.info,
-                       saved_with={"config": self.run_config(), "data": self.data_info.as_dict()})
+                       saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
+                                   "skipped_steps": self.skipped})
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "

@@ -99,7 +99,8 @@ def test_report_takes_mfu_null_or_absent_and_skips_malformed_rows_in_one_line(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "skipped 3 malformed row(s) (line 3, 4, 5)" in err, err
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 0.00")]
-    assert [(r[0], r[1], r[-1]) for r in rows] == [("| 0.001", "2", "- |"), ("| 0.002", "2", "- |")], text
+    assert [(r[0], r[1], r[-2], r[-1]) for r in rows] == [("| 0.001", "2", "-", "ok |"),
+                                                         ("| 0.002", "2", "-", "ok |")], text
 
 
 @pytest.mark.parametrize("name", sorted(TOOLS))

@@ -1,7 +1,8 @@
 """Resume checks the configuration: the saved one (in every checkpoint) against the new one.
 
 Keys that decide which samples each step sees and what the model is (so that a resumed run
-equals an uninterrupted one) must not change: REFUSED, unless train.resume_force=true.
+equals an uninterrupted one) must not change: REFUSED, unless train.resume_force=true; nor
+may the global batch itself (weak scaling: it grows with the world size).
 Everything else (max_steps, logging, evaluation, the lr schedule and optimizer settings,
 micro-batch size, layout, engine settings) may change: it is applied and listed.
 """
@@ -84,10 +85,38 @@ def check_data(saved: dict | None, current: dict, force: bool, path) -> list[str
     return [f"changed on resume (train.resume_force=true): {line}"]
 
 
-def check_saved(saved: dict | None, config: dict, data: dict, force: bool, path) -> list[str]:
-    """A loaded checkpoint's saved config and data against this run's (`check`, `check_data`).
-    Every rank holds the same state and config, so all decide alike (no collective)."""
+def check_global_batch(saved: dict, config: dict, global_batch: int | None, force: bool, path) -> list[str]:
+    """Samples per step, the checkpoint's (samples_seen / step: 0.4's checkpoints have both)
+    against this run's. Under train.scaling=weak it is train.global_batch_size x dp: the same
+    keys on another world size change which samples each step sees, which `check` cannot see.
+    A changed train.global_batch_size is `check`'s to refuse (one line, not two)."""
+    step, seen = saved.get("step"), saved.get("samples_seen")
+    if global_batch is None or not isinstance(step, int) or step < 1 or not isinstance(seen, int):
+        return []
+    old = seen // step
+    per_rank = (config.get("train") or {}).get("global_batch_size")
+    saved_per_rank = ((saved.get("config") or {}).get("train") or {}).get("global_batch_size", per_rank)
+    if old == global_batch or saved_per_rank != per_rank:
+        return []
+    line = f"the global batch: {old} -> {global_batch} samples per step"
+    if per_rank and old % per_rank == 0 and global_batch % per_rank == 0:
+        line += (f" (train.scaling=weak: train.global_batch_size={per_rank} per data-parallel rank, "
+                 f"dp {old // per_rank} -> {global_batch // per_rank})")
+    if not force:
+        raise ConfigError(
+            f"resuming from {path} with settings that change the run (a resumed run must equal an "
+            f"uninterrupted one):\n  {line}\nResume on the data-parallel size it was trained on, start a "
+            "new run directory, or set train.resume_force=true to resume anyway")
+    return [f"changed on resume (train.resume_force=true): {line}"]
+
+
+def check_saved(saved: dict | None, config: dict, data: dict, force: bool, path,
+                global_batch: int | None = None) -> list[str]:
+    """A loaded checkpoint's saved config and data against this run's (`check`, `check_data`,
+    `check_global_batch`). Every rank holds the same state and config, so all decide alike
+    (no collective)."""
     if not saved:
         return []
     return (check(saved.get("config"), config, force, path)
+            + check_global_batch(saved, config, global_batch, force, path)
             + check_data(saved.get("data"), data, force, path))
