@@ -115,6 +115,7 @@ class Bucket:
     pending: int = 0
     future: object = None
     unused: list[tuple[int, bool]] = field(default_factory=list)  # (param, grad was None)
+    sparse: bool = False  # one parameter with a sparse gradient: reduced as it is, no flat buffer
 
     @property
     def grad_nbytes(self) -> int:
@@ -155,14 +156,22 @@ class Layout:
     """
 
     def __init__(self, params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0,
-                 shards: int = 1, shard_index: int = 0, version: int = 1):
+                 shards: int = 1, shard_index: int = 0, version: int = 1, sparse: list[bool] | None = None):
         self.shards, self.shard_index, self.version = shards, shard_index, version
         self.flat_params: list[torch.Tensor] | None = None
         self.buckets: list[Bucket] = []
-        self.views: list[torch.Tensor | None] = [None] * len(params)
+        self.views: list[torch.Tensor | None] = [None] * len(params)  # None: a sparse gradient
         self._where: list[tuple[int, int] | None] = [None] * len(params)
+        sparse = sparse or [False] * len(params)
+        dense = [b for b, ids in enumerate(assignment) if not sparse[ids[0]]]
+        self.flags_bucket = dense[-1] if dense else None  # the usage flags ride after its gradients
         for b, ids in enumerate(assignment):
-            extra = tail_numel if b == len(assignment) - 1 else 0
+            if sparse[ids[0]]:
+                self._where[ids[0]] = (b, 0)
+                self.buckets.append(Bucket(b, list(ids), [0], [params[ids[0]].numel()],
+                                           torch.zeros(0, dtype=params[ids[0]].dtype), sparse=True))
+                continue
+            extra = tail_numel if b == self.flags_bucket else 0
             bucket = _make_bucket(params, b, ids, extra, shards)
             for k, i in enumerate(ids):
                 p = params[i]
@@ -182,6 +191,10 @@ class Layout:
         b, k = self._where[i]
         return self.buckets[b].offsets[k]
 
+    def flags(self, n: int) -> torch.Tensor | None:
+        """The n usage flags after the last dense bucket's gradients (minddp.engine.usage)."""
+        return None if self.flags_bucket is None else self.buckets[self.flags_bucket].buffer[-n:]
+
     def shard_range(self, b: int) -> tuple[int, int]:
         """[lo, hi) of bucket b's buffer that this rank owns (the whole buffer unsharded)."""
         per = self.buckets[b].buffer.numel() // self.shards
@@ -193,6 +206,9 @@ class Layout:
         if self.shards > 1:
             raise RuntimeError("with shard_optimizer each rank holds only its shard of the gradients: "
                                "use ShardedOptimizer.grad_norm() / clip_grad_norm_()")
+        if any(b.sparse for b in self.buckets):
+            raise RuntimeError("minddp: grad_norm()/clip_grad_norm_() read the flat buckets, and a sparse "
+                               "gradient has none: use torch.nn.utils.clip_grad_norm_(model.parameters())")
         return [b.buffer[: sum(b.numels)] for b in self.buckets]
 
     def order(self) -> list[int]:

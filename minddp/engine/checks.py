@@ -219,8 +219,7 @@ def take_over(module: nn.Module, new) -> None:
     owner = OWNERS.get(module)
     old = owner() if owner is not None else None
     if old is not None and old is not new:
-        old.remove_hooks()
-        old._retired = True
+        old.retire()
     OWNERS[module] = weakref.ref(new)
 
 

@@ -37,11 +37,11 @@ class PublicAPI:
 
     def on_reduced(self, fn) -> None:
         """Call fn(b) right after bucket b is reduced, in bucket order (later buckets in flight)."""
-        self._reduced_callbacks.append(fn)
+        self.reducer.reduced_callbacks.append(fn)
 
     def on_rebuild(self, fn) -> None:
         """Call fn(layout) before `layout`'s buckets are rebuilt: views of its buffers must go."""
-        self._rebuild_callbacks.append(fn)
+        self.reducer.rebuild_callbacks.append(fn)
 
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of every gradient, read from the flat bucket buffers: one kernel per bucket

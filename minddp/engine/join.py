@@ -21,7 +21,8 @@ all-gather per forward; nothing is shadowed and no final model is broadcast unle
 rank ran out at once (then the model sync below runs, as torch's post-hook does).
 
 The engine calls this module at two points only: `on_forward` in its forward and
-`grad_scale` when its wait is over.
+`grad_scale` when its wait is over; this module drives the engine through the reducer's public
+`shadow_iteration()` (zeros in every bucket, in order, and the one rebuild).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.distributed as dist
 
 from .. import _compat
 from ..comm.collectives import broadcast_coalesced
+from .replicas import broadcast_buffers
 
 
 class Join:
@@ -76,13 +78,9 @@ class Join:
             if self.throw:  # the others raise at this forward's exchange (on_forward)
                 raise RuntimeError(f"Rank {dist.get_rank(ddp.process_group)} exhausted all inputs.")
             if bcast:
-                broadcast_coalesced(ddp.module_buffers, ddp.process_group, src)
+                broadcast_buffers(ddp.module_buffers, ddp.process_group, src)
             if sync:  # the others reduce their gradients now: take part with zeros, in order
-                futures = [ddp.reduction.shadow(b) for b in range(len(ddp.layout.buckets))]
-                for f in futures:
-                    f.wait()
-                if not ddp.rebuilt:  # the others rebuild after their first iteration
-                    ddp.rebuild([])
+                ddp.reducer.shadow_iteration()
         self.sync_final_model()
 
     def sync_final_model(self) -> None:
@@ -103,19 +101,20 @@ def join(ddp, divide_by_initial_world_size: bool = True, enable: bool = True,
     if not enable:  # torch: the inputs are even, nothing to detect
         yield
         return
-    if not ddp.reduction.joinable:
+    reduction = ddp.reducer.reduction
+    if not reduction.joinable:
         raise RuntimeError(
-            f"minddp: join() does not combine with shard_optimizer=True ({type(ddp.reduction).__name__}, "
+            f"minddp: join() does not combine with shard_optimizer=True ({type(reduction).__name__}, "
             "ZeRO-1): a rank that ran out of data would also have to take part in ShardedOptimizer's "
             "step (its all-gather) and gradient-norm all-reduce. Give every rank the same number of "
             "batches (drop_last=True / DistributedSampler), or use shard_optimizer=False with join().")
-    ddp.uneven = Join(ddp, divide_by_initial_world_size, throw_on_early_termination)
+    uneven = ddp.reducer.uneven = Join(ddp, divide_by_initial_world_size, throw_on_early_termination)
     try:
         yield
     except BaseException:
-        ddp.uneven = None
+        ddp.reducer.uneven = None
         raise
     try:
-        ddp.uneven.shadow_until_all_joined()
+        uneven.shadow_until_all_joined()
     finally:
-        ddp.uneven = None
+        ddp.reducer.uneven = None

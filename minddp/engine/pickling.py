@@ -14,10 +14,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-# per-process or per-iteration state: rebuilt (or reset) on unpickling
-DROPPED = frozenset({"process_group", "reduction", "observer", "usage", "layout", "_hooks", "_finalizer",
-                     "uneven", "_reduced_callbacks", "_rebuild_callbacks", "params", "_specs", "_ready",
-                     "_ready_order", "_next_bucket"})
+# per-process state: the reducer (buckets, reduction, observer, flags, the iteration) and the hooks
+DROPPED = frozenset({"process_group", "reducer", "_hooks", "_finalizer", "params"})
 
 
 def getstate(ddp) -> dict:
@@ -37,6 +35,5 @@ def setstate(ddp, state: dict) -> None:
     ddp.process_group = dist.group.WORLD
     named = dict(ddp.module.named_parameters())
     ddp.params = [named[n] for n in ddp.names]
-    ddp._group_info()
-    ddp._build_engine(order)
-    ddp._attach_hooks(ddp.module)
+    ddp.build_reducer(order)
+    ddp.attach_hooks(ddp.module)

@@ -101,7 +101,14 @@ class Reduction:
         return result.numel() * result.element_size()
 
     def usage_flags(self, n: int) -> torch.Tensor | None:
-        return self.layout.buckets[-1].buffer[-n:]
+        return self.layout.flags(n)
+
+    def launch_sparse(self, b: int, grad: torch.Tensor):
+        """A sparse gradient is its own bucket (torch's rule): divided by the world size, then
+        summed as it is (gloo's sparse all-reduce), in place."""
+        if self.reducer.reduce_op == "avg":
+            grad.div_(self.reducer.world)  # torch's reducer: div_ by the group size, then SUM
+        return self.reducer(grad, prescaled=True)
 
 
 class AllReduce(Reduction):
@@ -152,6 +159,12 @@ class CommHook(Reduction):
 
     def launch(self, b: int):
         return self.hook(self.state, self._grad_buckets[b])
+
+    def launch_sparse(self, b: int, grad: torch.Tensor):
+        """torch's GradBucket for a sparse parameter: its buffer is the sparse gradient itself."""
+        i = self.layout.buckets[b].param_ids[0]
+        return self.hook(self.state, GradBucket(b, grad, [self.params[i]], [grad],
+                                                b == len(self.layout.buckets) - 1, self.reducer))
 
     def take_work(self):
         self.reducer.take_work()  # a hook may chain collectives: its future is what ends it

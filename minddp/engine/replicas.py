@@ -5,6 +5,11 @@ the others (`_sync_module_states`), buffers left out after the deprecated
 `broadcast_buffers=False`; before each forward the buffers go again, re-read from
 `module.named_buffers()` each time, since a module may reassign one (pytorch#63916). Names given
 to `_set_params_and_buffers_to_ignore_for_model` never travel.
+
+A forward's broadcast writes through `.data` (an alias with its own version counter), as torch's
+broadcast_coalesced does not bump autograd's version counter (its NOTE [Version Counter in
+comm.*_coalesced]): two forwards before one backward (BatchNorm) must not see a buffer the first
+forward saved for backward marked as modified in place.
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ def synced_buffers(module: nn.Module, ignored) -> list[torch.Tensor]:
     return [b for n, b in module.named_buffers() if n not in ignored]
 
 
+def broadcast_buffers(buffers: list[torch.Tensor], group, src: int) -> None:
+    """Each forward's buffer sync, from global rank `src`, invisible to autograd's version check."""
+    broadcast_coalesced([b.data for b in buffers], group, src)
+
+
 def init_sync(ddp, module: nn.Module, buffers: bool) -> None:
     """Every rank starts from the first rank's parameters (and buffers). Flat parameter buffers
     (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
     flat, rest = ddp.reduction.replicas(module)
-    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp._ignored and p.numel()}
+    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp.ignored_names and p.numel()}
     rest = [t for t in rest if t.data_ptr() not in ignored]  # replicas gives detached aliases
     for t in flat:
         dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
-    broadcast_coalesced(rest + (synced_buffers(module, ddp._ignored) if buffers else []), ddp.process_group,
-                        ddp.src_rank)
+    buffers = synced_buffers(module, ddp.ignored_names) if buffers else []
+    broadcast_coalesced(rest + buffers, ddp.process_group, ddp.src_rank)

@@ -515,19 +515,6 @@ def test_average_is_pre_divide_then_sum_bitwise_as_torch_ddp():
     launch.ranks(_avg_like_torch, 3)
 
 
-def _backward_twice(rank, world_size):
-    model = minddp.DDP(MLP())
-    loss = model(torch.randn(2, 8)).sum()
-    loss.backward(retain_graph=True)
-    loss.backward()  # the second backward would leave unsynchronised gradients
-
-
-def test_second_backward_of_one_forward_raises():
-    errors = launch.ranks_expect_errors(_backward_twice, 2, timeout=60)
-    for text in errors.values():
-        assert "backward ran again" in text
-
-
 # ------------------------------------------------------- optimizer overlap
 def _overlap_step(rank, world_size, opt_name):
     torch.manual_seed(0)

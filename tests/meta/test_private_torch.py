@@ -9,10 +9,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "minddp"
 
 
 # private names of *minddp's own or the standard library's* objects, reached from outside `self`
-ALLOWED = {("os", "_exit"), ("ddp", "_on_grad_ready"),
-           # the engine's own state, read by its seams (pickling, replicas, checks) beside ddp.py
-           ("ddp", "_expect_sync"), ("ddp", "_group_info"), ("ddp", "_build_engine"),
-           ("ddp", "_attach_hooks"), ("ddp", "_ignored"), ("old", "_retired"),
+# (none of the engine's own: its seams call the reducer's and the wrapper's public methods)
+ALLOWED = {("os", "_exit"),
            # torch DDP's ignore-list attributes on the user's module: the contract of
            # _set_params_and_buffers_to_ignore_for_model, which libraries set themselves
            ("module", "_ddp_params_and_buffers_to_ignore"), ("t", "_ddp_ignored")}
