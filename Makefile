@@ -102,10 +102,12 @@ report: install  ## every run under DIR (default outputs): DIR/report.{md,png}
 	$(BIN)/minddp report $(DIR)
 
 # one step with overlap on and off, per rank: docs/timeline.{json,png}; a ZeRO-1 step and the
-# forward after it (its all-gathers, the waits they cost): docs/timeline_zero1.{json,png}
+# forward after it (its all-gathers, the waits they cost): docs/timeline_zero1.{json,png}; eager, whole-model
+# and per-block compile (aot_eager): docs/timeline_compile.{json,png}
 timeline: install  ## one step per rank, overlap on/off and ZeRO-1: docs/timeline*.{json,png}
 	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
 	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --zero1 --out docs/timeline_zero1
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --compile all --bucket-mb 1 --out docs/timeline_compile
 
 # the trainer over world sizes and bucket caps, 3 rotated runs each, ZeRO-1 (and the optimizer
 # overlap, where the trainer has it) beside DDP at world 2: docs/scaling.{md,png}

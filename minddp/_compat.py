@@ -7,6 +7,7 @@ the only one to change.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from contextlib import contextmanager
 from datetime import timedelta
@@ -141,7 +142,7 @@ def dynamo_sees_ddp(wrapper):
     old = ddp._active_ddp_module
     if cap >= _DYNAMO_FIRST_BUCKET_BYTES:
         ddp._active_ddp_module = _DynamoDDPHandle(cap)
-    elif isinstance(wrapper.module, torch._dynamo.eval_frame.OptimizedModule):
+    elif _compiled(wrapper.module):
         warn_once("small-cap", "minddp: bucket_cap_mb below 1 keeps a compiled model one graph (dynamo's "
                   "first bucket is 1 MiB), so its communication waits for the end of backward; use "
                   "bucket_cap_mb >= 1 for buckets that go out during backward")
@@ -149,6 +150,12 @@ def dynamo_sees_ddp(wrapper):
         yield
     finally:
         ddp._active_ddp_module = old
+
+
+def _compiled(module) -> bool:
+    """`module` is `torch.compile(m)`; without importing dynamo where nothing compiled anything."""
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
 
 
 def warn_once(key: str, message: str) -> None:
@@ -164,3 +171,14 @@ def output_tensors(output) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_leaves
 
     return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+
+
+def dynamo_one_graph():
+    """A context under which torch.compile keeps a DDP-wrapped model one graph (dynamo's
+    `optimize_ddp=False`): the benchmark's picture of compile without the split."""
+    return torch._dynamo.config.patch(optimize_ddp=False)
+
+
+def in_backward() -> bool:
+    """Is a backward pass running on this thread (a checkpoint's recomputation calls forward there)?"""
+    return torch._C._current_graph_task_id() != -1

@@ -5,25 +5,30 @@
    machine's drift hits all alike; per repeat the ratio of medians minddp / torch DDP;
 2. optimizer setups (fused AdamW): minddp DDP, torch DDP, minddp ZeRO-1 (`ShardedOptimizer`),
    torch DDP + `ZeroRedundancyOptimizer`, minddp `optimizer_overlap`: step time against the
-   first two, forward / backward / optimizer-step times on the device's clock, state bytes.
+   first two, forward / backward / optimizer-step times on the device's clock, state bytes;
+3. whole-model torch.compile: minddp and torch DDP around `torch.compile(model)`, minddp around
+   per-block compile and around one whole graph: step time, exposed communication (backward
+   minus the same backward under no_sync).
 The per-bucket CPU cost is engine_cost.per_bucket_cost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import _compat
 from ..engine.ddp import DistributedDataParallel
 from ..optim.overlap import OverlappedOptimizer
 from ..optim.zero import ShardedOptimizer
 from .clock import PhaseClock, interleaved, sync, timed
 from .engine_cost import torch_buckets
 from .memory import state_bytes
-from .workload import lm_loss
+from .workload import compiled, lm_loss
 
 
 def step(model, opt, x) -> float:
@@ -165,3 +170,57 @@ def cap_sweep(base, x, caps, repeats: int, rounds: int, per_round: int) -> tuple
     buckets = {(label, cap): (len(m.bucket_assignment) if label == "minddp" else torch_buckets(m))
                for label, cap, m in configs}
     return ratios, ours_ms, buckets
+
+
+ONE_GRAPH = "minddp DDP(compile(model)), one graph"
+
+
+def compile_configs(base, backend: str, cap: float | None) -> list:
+    """(label, wrapper) around a compiled GPT: the whole model (dynamo splits it at bucket
+    boundaries for both engines), each block, and the whole model kept one graph (how minddp ran
+    it before it gave dynamo torch DDP's handshake)."""
+    def whole():
+        return compiled(copy.deepcopy(base), "model", backend)
+
+    blocks = compiled(copy.deepcopy(base), "blocks", backend)
+    return [("minddp DDP(compile(model))", DistributedDataParallel(whole(), bucket_cap_mb=cap)),
+            ("torch DDP(compile(model))", nn.parallel.DistributedDataParallel(whole(), bucket_cap_mb=cap)),
+            ("minddp, each block compiled", DistributedDataParallel(blocks, bucket_cap_mb=cap)),
+            (ONE_GRAPH, DistributedDataParallel(whole(), bucket_cap_mb=cap))]
+
+
+def step_and_local_backward(model, opt, x) -> list[float]:
+    """[step, backward] of a synchronised step, the backward of the same step under no_sync (the
+    difference of the backwards is the communication the backward did not hide, engine-agnostic),
+    and minddp's own end-of-backward wait (NaN for torch DDP, which does not say)."""
+    forward, backward, optimizer = phased_step(model, opt, x)
+    wait = model.comm_stats.exposed_wait_s if isinstance(model, DistributedDataParallel) else float("nan")
+    opt.zero_grad()
+    with model.no_sync():
+        loss = lm_loss(model, x)
+        local = timed(loss.backward, x.device)
+    opt.zero_grad()
+    return [forward + backward + optimizer, backward, local, wait]
+
+
+def compile_section(base, x, backend: str, cap: float | None, repeats: int, rounds: int,
+                    per_round: int) -> list[dict]:
+    """Per compiled setup: step time against torch DDP compiled (ratio of medians per repeat), step
+    and exposed communication (ms, per repeat)."""
+    configs = [(label, ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
+               for label, ddp in compile_configs(base, backend, cap)]
+    for label, ddp, opt in configs:  # compile (and rebuild the buckets) before the clock runs
+        with _compat.dynamo_one_graph() if label == ONE_GRAPH else contextlib.nullcontext():
+            for _ in range(2):
+                step(ddp, opt, x)
+    rows = [{"label": label, "vs_torch": [], "step_ms": [], "exposed_ms": [], "wait_ms": []}
+            for label, _, _ in configs]
+    steps = [lambda m=m, o=o: step_and_local_backward(m, o, x) for _, m, o in configs]
+    for _ in range(repeats):
+        med = interleaved(steps, rounds, per_round, x.device)
+        for row, (total, backward, local, wait) in zip(rows, med):
+            row["vs_torch"].append(total / med[1][0])
+            row["step_ms"].append(total * 1e3)
+            row["exposed_ms"].append((backward - local) * 1e3)
+            row["wait_ms"].append(wait * 1e3)
+    return rows

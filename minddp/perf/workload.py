@@ -29,12 +29,12 @@ def lm_loss(model, x):
     return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
 
 
-def compiled(model, how: str):
-    """`model`: one graph, so its backward is one node and every gradient hook fires at its
-    end; `blocks`: one graph per transformer block, so hooks fire block by block."""
+def compiled(model, how: str, backend: str = "inductor"):
+    """`model`: one graph, which a DDP wrapper has dynamo split at its bucket boundaries (one
+    backward node per bucket); `blocks`: one graph per transformer block, hooks fire block by block."""
     if how == "model":
-        return torch.compile(model)
+        return torch.compile(model, backend=backend)
     if how == "blocks":
         for i, block in enumerate(model.blocks):
-            model.blocks[i] = torch.compile(block)
+            model.blocks[i] = torch.compile(block, backend=backend)
     return model

@@ -13,7 +13,12 @@
    step time against minddp DDP and torch DDP (median and spread of the per-repeat ratios),
    forward / backward / optimizer-step times, optimizer-state bytes per rank, and ZeRO-1's
    exposed all-gather (its forward minus DDP's: the forward waits for the gathers).
-3. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
+3. Whole-model torch.compile (`--compile-backend`, aot_eager by default: inductor takes minutes
+   to compile on a small CPU machine): minddp and torch DDP around `torch.compile(model)`, minddp
+   around per-block compile and around one whole graph, interleaved the same way: step time
+   against torch DDP compiled, and the exposed communication (backward minus the same backward
+   under no_sync). `--compile only` runs this section alone, `--compile skip` leaves it out.
+4. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
    that returns a finished future) at a cap of one parameter per bucket, backward time
    minus the same model's backward without any wrapper, divided by the number of buckets.
 The measurements are minddp/perf/engine_bench.py and engine_cost.py; this is their report.
@@ -27,7 +32,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from ..perf.engine_bench import cap_sweep, exposed_gather, optimizer_section
+from ..perf.engine_bench import cap_sweep, compile_section, exposed_gather, optimizer_section
 from ..perf.engine_cost import per_bucket_cost
 from ..train.model import GPT, num_params
 from . import render
@@ -46,6 +51,11 @@ def main() -> None:
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--out", default=None, help="also write the report here: FILE.md and FILE.json")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    ap.add_argument("--compile", default="with", choices=["with", "skip", "only"],
+                    help="the whole-model torch.compile section: with the others, left out, or alone")
+    ap.add_argument("--compile-backend", default="aot_eager", help="torch.compile's backend there")
+    ap.add_argument("--compile-cap", type=float, default=None,
+                    help="bucket cap (MB) there; default torch's: 25 MB after a 1 MB first bucket")
     args = ap.parse_args()
 
     device = start(args.backend, pin=True).device
@@ -56,33 +66,48 @@ def main() -> None:
     caps = [float(c) for c in args.caps.split(",")]
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
+    compiled = [] if args.compile == "skip" else compile_section(
+        base, x, args.compile_backend, args.compile_cap, args.repeats, args.rounds, args.steps_per_round)
+    if args.compile == "only":
+        if rank == 0:
+            blocks = [setup_line(args, base, cfg, world), *compile_blocks(args, compiled)]
+            print(render.markdown(blocks), flush=True)
+            if args.out:
+                render.write(args.out, blocks, {"compile": compiled})
+        dist.destroy_process_group()
+        return
     ratios, ours_ms, buckets = cap_sweep(base, x, caps, args.repeats, args.rounds, args.steps_per_round)
     optim = optimizer_section(base, x, args.repeats, args.rounds, args.steps_per_round)
     cost = per_bucket_cost(base, x, lm_loss)
     if rank == 0:
-        blocks = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms)
+        blocks = report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms, compiled)
         print(render.markdown(blocks), flush=True)
         if args.out:
-            data = {"ratios": ratios, "minddp_ms": ours_ms, "optimizer": optim,
+            data = {"ratios": ratios, "minddp_ms": ours_ms, "optimizer": optim, "compile": compiled,
                     "per_bucket_cost_s": {k: v[0] for k, v in cost.items()},
                     "buckets": {f"{label} {cap:g}": n for (label, cap), n in buckets.items()}}
             render.write(args.out, blocks, data)
     dist.destroy_process_group()
 
 
-def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms) -> list:
+def setup_line(args, base, cfg, world) -> str:
+    return (f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
+            f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
+            f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
+            "steps per configuration.")
+
+
+def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms, compiled) -> list:
     """The report's blocks (render.markdown)."""
     rows = [[f"{cap:g}", f"{buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]}",
              *render.median_spread(ratios[cap]), f"{statistics.median(ours_ms[cap]):.0f}"] for cap in caps]
     return [
         "Command: `make bench` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp`)",
-        f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
-        f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
-        f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
-        "steps per configuration.",
+        setup_line(args, base, cfg, world),
         render.table(["bucket cap (MB)", "buckets minddp / torch", "minddp / torch DDP step time: median",
                       "spread (min-max)", "minddp step (ms)"], rows),
         *optimizer_blocks(args, optim),
+        *compile_blocks(args, compiled),
         "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; backward minus "
         "an unwrapped backward, per bucket):",
         render.table(["engine", "buckets", "cost per bucket (us)"],
@@ -111,6 +136,26 @@ def optimizer_blocks(args, rows: list[dict]) -> list:
                       f"median {statistics.median(exposed):.1f} ms, spread {min(exposed):.1f} to "
                       f"{max(exposed):.1f} ms.")
     return blocks
+
+
+def compile_blocks(args, rows: list[dict]) -> list:
+    """Whole-model compile: step time against torch DDP compiled, step and exposed communication."""
+    if not rows:
+        return []
+
+    def wait(r):  # minddp's own; torch DDP does not say
+        return render.median_spread(r["wait_ms"], ".1f") if r["wait_ms"][0] == r["wait_ms"][0] else ["-", "-"]
+
+    table = [[r["label"], *render.median_spread(r["vs_torch"]), *render.median_spread(r["step_ms"], ".0f"),
+              *render.median_spread(r["exposed_ms"], ".1f"), *wait(r)] for r in rows]
+    caps = "1 MB first bucket, then 25 MB" if args.compile_cap is None else f"cap {args.compile_cap:g} MB"
+    return [f"Whole-model torch.compile (backend {args.compile_backend}, {caps}; per repeat the medians "
+            "over its rounds; exposed communication: the synchronised backward minus the same backward "
+            "under no_sync; end-of-backward wait: how long minddp's finalize blocked on buckets still "
+            "in flight):",
+            render.table(["configuration", "step vs torch DDP compiled: median", "spread", "step (ms)",
+                          "spread", "exposed communication (ms)", "spread", "end-of-backward wait (ms)",
+                          "spread"], table)]
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--compile", default="none", choices=["none", "model", "blocks", "all"],
                     help="torch.compile the whole model, each transformer block, or compare all three "
-                         "(overlap on)")
+                         "(overlap on); minddp has dynamo split a whole-model graph at its buckets")
+    ap.add_argument("--compile-backend", default="aot_eager",
+                    help="torch.compile's backend (inductor takes minutes to compile on a small CPU machine)")
     ap.add_argument("--zero1", action="store_true",
                     help="ZeRO-1 (shard_optimizer + ShardedOptimizer(AdamW)): the step's all-gathers "
                          "under the next forward and backward")
@@ -67,7 +69,8 @@ def main(argv=None) -> None:
                 [(True, c) for c in ("none", "model", "blocks")] if args.compile == "all" else
                 [(True, args.compile)])
     for overlap, how in variants:
-        model = DistributedDataParallel(compiled(GPT(cfg).to(device), how), bucket_cap_mb=args.bucket_mb,
+        gpt = compiled(GPT(cfg).to(device), how, args.compile_backend)
+        model = DistributedDataParallel(gpt, bucket_cap_mb=args.bucket_mb,
                                         overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         # two warm-up steps (the first rebuilds the buckets), then the traced one

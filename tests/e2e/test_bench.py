@@ -103,6 +103,7 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     ours, theirs = row.split(" | ")[1].split(" / ")
     assert ours == theirs  # the same bucket count as torch DDP at the same cap
     assert "minddp shard_optimizer (ZeRO-1)" in text and "cost per bucket" in text
+    assert "| minddp DDP(compile(model)) |" in text and "| torch DDP(compile(model)) |" in text
     doc = json.loads(out.with_suffix(".json").read_text())  # the measurements, and the md rendered from them
     assert text == render.markdown(doc["blocks"]) + "\n" and doc["data"]["ratios"]["0.05"][0] > 0
     out = tmp_path / "bench_trainer.md"
