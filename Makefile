@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-debug bench-collectives calibrate report timeline scaling gpu-check wheelhouse soak-faults lint clean
+.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling gpu-check wheelhouse soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 # torchrun gives each worker OMP_NUM_THREADS=1 unless set, and warns about it on every launch: set it
@@ -81,6 +81,11 @@ bench-memory: install  ## peak memory per rank per configuration: docs/bench_mem
 # The trainer's step against a bare torch-DDP loop and a nanoGPT-style loop; docs/bench_trainer.md
 bench-trainer: install  ## the trainer's step vs bare torch-DDP loops: docs/bench_trainer.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp bench-trainer --out docs/bench_trainer.md
+
+# a checkpoint step over a normal one and each rank's memory while it saves: minddp's save beside
+# torch.distributed.checkpoint (save, async_save), rotated in one run; 50M GPT, dp 2, ZeRO-1
+bench-checkpoint: install  ## what a checkpoint costs the step and rank 0's memory: docs/bench_checkpoint.md
+	$(TORCHRUN) --standalone --nproc_per_node=2 scripts/bench_checkpoint.py --out docs/bench_checkpoint.md
 
 # per-collective cost of torch's flight recorder (off/on, alternately) and DETAIL fingerprints
 bench-debug: install  ## what torch's flight recorder costs per collective

@@ -1,0 +1,202 @@
+"""What a checkpoint costs the step, and rank 0's memory while it is written.
+
+    torchrun --standalone --nproc_per_node=2 scripts/bench_checkpoint.py --out docs/bench_checkpoint.md
+
+The trainer itself (a GPT of about 50M parameters, dp 2, ZeRO-1 on by default) runs steps; in
+each round every variant saves once after a step, in rotated order, so the ratios come from one
+run on one machine state:
+  before     minddp's checkpoint (resume/state.save): ZeRO-1 state all-gathered onto every rank,
+             rank 0 writes one torch.save while the others wait
+  dcp        torch.distributed.checkpoint.save: each rank writes what it owns (its ZeRO-1
+             shard; the replicated model split between ranks by DCP's dedup)
+  dcp-async  torch.distributed.checkpoint.async_save: the same, written in the background
+             while the next steps run; its cost is the save call plus the slowdown of the
+             steps that overlap the write (waited for before the next round)
+Reported per variant: the checkpoint step over a normal step (medians and min-max over
+rounds), the next step's time over a normal one, and each rank's peak RSS above its level
+before the save (VmRSS sampled every 2 ms). Ranks are pinned to cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from hydra import compose, initialize_config_dir
+
+from minddp.train.config import register
+from minddp.train.resume import state
+from minddp.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("before", "dcp", "dcp-async")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+class PeakRSS:
+    """The highest VmRSS while the block runs, sampled by a thread."""
+
+    def __enter__(self):
+        self.base = self.peak = rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, rss_mb())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mb())
+
+
+def dcp_state(trainer) -> dict:
+    """What each rank owns: the model (replicated: DCP writes each tensor once) and this rank's
+    ZeRO-1 shard of the optimizer state, under keys of its own."""
+    rank = dist.get_rank()
+    opt = {f"optim.rank{rank}.{i}.{k}": v for i, st in trainer.opt.optim.state_dict()["state"].items()
+           for k, v in st.items() if isinstance(v, torch.Tensor)}
+    return {**{f"model.{k}": v for k, v in trainer.model.state_dict().items()}, **opt}
+
+
+def save(variant: str, trainer, step: int, folder: Path, group):
+    """One checkpoint; returns a future for dcp-async (the write still running)."""
+    if variant == "before":
+        state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
+                   batches=trainer.batches, mesh=trainer.mesh, device=trainer.info.device,
+                   saved_with={"config": trainer.run_config(), "data": trainer.data_info.as_dict()},
+                   log=lambda msg: None)
+        return None
+    trainer.opt.wait_params()
+    where = str(folder / f"dcp_{step:08d}")
+    if variant == "dcp":
+        dcp.save(dcp_state(trainer), checkpoint_id=where, process_group=group)
+        return None
+    # its own group: the background write's collectives must not interleave with training's
+    return dcp.async_save(dcp_state(trainer), checkpoint_id=where, process_group=group)
+
+
+def timed_step(trainer, step: int) -> float:
+    t0 = time.perf_counter()
+    trainer.train_step(step)
+    return time.perf_counter() - t0
+
+
+def bench(args) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "data=synthetic", "data.num_samples=4096", "model.block_size=64", f"model.n_layer={args.n_layer}",
+            f"model.n_embd={args.n_embd}", "model.n_head=8", "train.global_batch_size=4",
+            "train.micro_batch_size=2", "train.eval_every=0", "train.ckpt_every=0", "train.max_steps=100000",
+            "wandb.mode=disabled", f"ddp.shard_optimizer={str(args.zero1).lower()}", "optim.warmup_steps=1",
+            "train.timeout_s=120"])
+    run_dir = Path(args.dir) / "run"
+    trainer = Trainer(cfg, str(run_dir))
+    trainer.setup()
+    group = dist.new_group(backend="gloo")  # DCP's collectives (torch's advice for async_save)
+    step, out = 0, {v: {"ckpt": [], "after": [], "normal": [], "peak": []} for v in VARIANTS}
+    for _ in range(2):  # warm-up: buckets, allocator, the optimizer's state
+        step += 1
+        timed_step(trainer, step)
+    for r in range(args.rounds):
+        for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+            normal = []
+            for _ in range(args.normal):
+                step += 1
+                normal.append(timed_step(trainer, step))
+            step += 1
+            dist.barrier()
+            with PeakRSS() as mem:
+                t0 = time.perf_counter()
+                trainer.train_step(step)
+                pending = save(v, trainer, step, run_dir, group)
+                ckpt = time.perf_counter() - t0
+                step += 1
+                after = timed_step(trainer, step)  # overlaps dcp-async's write
+                if pending is not None:
+                    pending.result()
+            dist.barrier()
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            for p in run_dir.glob("dcp_*"):
+                shutil.rmtree(p, ignore_errors=True)
+            peaks = [None] * dist.get_world_size()
+            dist.all_gather_object(peaks, mem.peak - mem.base)
+            o = out[v]
+            o["ckpt"].append(ckpt)
+            o["after"].append(after)
+            o["normal"].append(statistics.median(normal))
+            o["peak"].append(peaks)
+    out["params"] = trainer.num_params
+    return out
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(out: dict, args) -> str:
+    lines = [f"# What a checkpoint costs the step ({out['params'] / 1e6:.1f}M-parameter GPT, dp 2, "
+             f"ZeRO-1 {'on' if args.zero1 else 'off'}, gloo on CPU)", "",
+             "Written by `make bench-checkpoint` (scripts/bench_checkpoint.py). Each round every variant "
+             f"saves once, in rotated order; {args.rounds} rounds, medians (min-max). Ratios are over the "
+             "median normal step of the same round, so all three are from one run. What they decide: "
+             "[checkpoints_at_scale.md](checkpoints_at_scale.md).", "",
+             "| variant | normal step (s) | checkpoint step (s) | checkpoint / normal | next step / normal | "
+             "rank 0 peak RSS over its level (MiB) | rank 1 (MiB) |", "|---|---|---|---|---|---|---|"]
+    for v in VARIANTS:
+        o = out[v]
+        ratio = [c / n for c, n in zip(o["ckpt"], o["normal"])]
+        after = [a / n for a, n in zip(o["after"], o["normal"])]
+        ranks = [spread([p[r] for p in o["peak"]]) for r in (0, -1)]
+        lines.append(f"| {v} | {spread(o['normal'])} | {spread(o['ckpt'])} | {spread(ratio)} | "
+                     f"{spread(after)} | {ranks[0]} | {ranks[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--normal", type=int, default=2, help="normal steps before each save")
+    parser.add_argument("--n-layer", type=int, default=16)
+    parser.add_argument("--n-embd", type=int, default=512)
+    parser.add_argument("--zero1", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--out", default=None, help="a markdown file for the table (rank 0)")
+    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp folder)")
+    args = parser.parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    os.sched_setaffinity(0, {rank % os.cpu_count()})
+    torch.set_num_threads(1)
+    register()
+    scratch = args.dir is None  # one folder for every rank of this job (torchrun's run id)
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+    args.dir = args.dir or f"{tempfile.gettempdir()}/bench-ckpt-{job}"
+    out = bench(args)
+    if rank == 0:
+        text = table(out, args)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+    dist.barrier()
+    if scratch and rank == 0:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
