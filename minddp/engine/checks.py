@@ -177,8 +177,8 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
                     delay_all_reduce_named_params, param_to_hook_all_reduce):
     """torch DDP's constructor arguments: the ones that matter for a single-device module are
     honoured or checked as torch does; the features minddp lacks are refused by name.
-    (`output_device`, `dim`, `check_reduction`, `gradient_as_bucket_view` and `static_graph`
-    change nothing here: gradients are always bucket views, buckets are rebuilt once.)
+    (`output_device`, `dim`, `check_reduction` and `gradient_as_bucket_view` change nothing here:
+    gradients are always bucket views; `static_graph` is the reducer's, minddp.engine.reducer.)
     Returns the process group to use: the mesh's, the one given, or the default group."""
     for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                         ("param_to_hook_all_reduce", param_to_hook_all_reduce),
@@ -192,19 +192,17 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
         if device_mesh.ndim != 1:
             raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
         process_group = device_mesh.get_group(mesh_dim=0)
-    if device_ids is None:
-        return process_group if process_group is not None else dist.group.WORLD
-    ignored = ignored_names(module)  # never touched: they may be no plain tensor (a ShardedTensor)
-    devices = {p.device for n, p in module.named_parameters() if n not in ignored}
-    if len(devices) != 1 or next(iter(devices)).type == "cpu":
+    devices = {p.device for p in module.parameters()}
+    if device_ids is not None and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
         raise ValueError(f"device_ids={device_ids} only works with a single-device GPU module (torch DDP's "
                          f"rule); this module's parameters are on {sorted(map(str, devices))}: pass "
                          "device_ids=None")
-    want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
-    index = device_ids[0] if isinstance(device_ids[0], int) else want.index
-    if len(device_ids) != 1 or next(iter(devices)).index != index:
-        raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
-                         "exactly the one device it lives on (move it with .to(device) first)")
+    if device_ids is not None:
+        want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+        index = device_ids[0] if isinstance(device_ids[0], int) else want.index
+        if len(device_ids) != 1 or next(iter(devices)).index != index:
+            raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
+                             "exactly the one device it lives on (move it with .to(device) first)")
     return process_group if process_group is not None else dist.group.WORLD
 
 

@@ -178,7 +178,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
         self.require_forward_param_sync = sync
         if sync:
-            self.reducer.prepare_for_backward()
+            sync = self.reducer.prepare_for_backward()  # False: a recomputation inside its backward
         # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         with _compat.dynamo_sees_ddp(self):  # a compiled model: one subgraph per bucket, as torch DDP
             output = self.module(*args, **kwargs)
@@ -211,8 +211,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
 
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`. Once (torch's rule)."""
-        with self.logging_errors():  # torch's logger records them: _get_ddp_logging_data()
-            checks.check_comm_hook(hook)  # torch's checks, at registration
+        checks.check_comm_hook(hook)  # torch's checks, at registration
         self.reducer.register_comm_hook(state, hook)
 
 

@@ -29,6 +29,8 @@ How a bucket is reduced is `reduction`'s (minddp.engine.reductions), what is rec
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -126,8 +128,12 @@ class Reducer:
         self.reduction.bind(self.layout)
 
     # ------------------------------------------------------------------ phase 1: prepare
-    def prepare_for_backward(self) -> None:
-        """A synchronised forward: a new iteration (torch's prepare_for_backward)."""
+    def prepare_for_backward(self) -> bool:
+        """A synchronised forward: a new iteration (torch's prepare_for_backward). Not when the
+        forward is a non-reentrant checkpoint's recomputation inside this iteration's backward:
+        the iteration goes on (returns False)."""
+        if self.expect_autograd_hooks and _compat.in_backward():
+            return False
         if self.require_finalize:  # the last iteration marked gradients ready but never finished
             self.require_finalize = False
             raise RuntimeError(NOT_FINISHED)
@@ -146,6 +152,7 @@ class Reducer:
             b.pending = sum(1 for i in b.param_ids if counts is None or counts[i] > 0)
             b.future, b.unused = None, []
         self.observer.start(len(self.layout.buckets))
+        return True
 
     def watch(self, output) -> None:
         """Queue the finalize when the backward of this forward's graph reaches its output (torch's
@@ -342,8 +349,6 @@ class _OutputReached:
     """A prehook on an output's autograd node: the forward's own backward got there."""
 
     def __init__(self, reducer: Reducer):
-        import weakref
-
         self.reducer = weakref.ref(reducer)
 
     def __call__(self, grad_outputs):

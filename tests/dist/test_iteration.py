@@ -107,6 +107,9 @@ CHECKPOINT_SHAPES = [  # (model, use_reentrant, static_graph, find_unused_parame
     ("all_inside", True, True, False, False),
     ("shared_sequential", True, False, False, True),
     ("shared_sequential", True, True, False, True),
+    ("shared_sequential", False, False, False, True),  # non-reentrant: the recomputation calls DDP's forward
+    ("shared_sequential", False, True, False, True),
+    ("once", False, False, False, True),
 ]
 
 

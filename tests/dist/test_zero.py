@@ -125,7 +125,7 @@ def _rebuild_releases(rank, world_size, sharded):
     refs = [weakref.ref(t) for t in (old.flat_params or []) + [b.buffer for b in old.buckets]]
     old_buckets = [weakref.ref(b) for b in old.buckets]
     del old
-    import minddp.engine.ddp as engine
+    import minddp.engine.reducer as engine  # where the reducer builds its layouts
 
     alive_at_rebuild, real_layout = [], engine.Layout
 
