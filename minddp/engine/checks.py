@@ -192,17 +192,19 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
         if device_mesh.ndim != 1:
             raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
         process_group = device_mesh.get_group(mesh_dim=0)
-    devices = {p.device for p in module.parameters()}
-    if device_ids is not None and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
+    if device_ids is None:
+        return process_group if process_group is not None else dist.group.WORLD
+    ignored = ignored_names(module)  # never touched: they may be no plain tensor (a ShardedTensor)
+    devices = {p.device for n, p in module.named_parameters() if n not in ignored}
+    if len(devices) != 1 or next(iter(devices)).type == "cpu":
         raise ValueError(f"device_ids={device_ids} only works with a single-device GPU module (torch DDP's "
                          f"rule); this module's parameters are on {sorted(map(str, devices))}: pass "
                          "device_ids=None")
-    if device_ids is not None:
-        want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
-        index = device_ids[0] if isinstance(device_ids[0], int) else want.index
-        if len(device_ids) != 1 or next(iter(devices)).index != index:
-            raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
-                             "exactly the one device it lives on (move it with .to(device) first)")
+    want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+    index = device_ids[0] if isinstance(device_ids[0], int) else want.index
+    if len(device_ids) != 1 or next(iter(devices)).index != index:
+        raise ValueError(f"device_ids={device_ids}: the module is on {next(iter(devices))}; give "
+                         "exactly the one device it lives on (move it with .to(device) first)")
     return process_group if process_group is not None else dist.group.WORLD
 
 

@@ -18,6 +18,7 @@ so a hook only decides *what* travels. The 16-bit hooks below run on gloo too
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -165,6 +166,21 @@ class GradBucket:
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         """All-reduce `tensor` in place with the engine's group, op (avg or sum) and algorithm."""
         return self.reducer(tensor)
+
+
+def returning_future(hook):
+    """`hook` as the engine runs it: what it returns must be a future (torch's check and text,
+    python_comm_hook.cpp), or the engine would fail later, deep inside its wait."""
+    @functools.wraps(hook)  # the hook's own name: _get_ddp_logging_data()["comm_hook"]
+    def run(state, bucket):
+        fut = hook(state, bucket)
+        if not isinstance(fut, torch._C.Future):
+            kind = type(fut)
+            raise RuntimeError("DDP communication hook's callback must return a torch.futures.Future "
+                               f"object, but got {kind.__module__}.{kind.__qualname__}")
+        return fut
+
+    return run
 
 
 def allreduce_hook(state, bucket: GradBucket) -> torch.futures.Future:

@@ -211,7 +211,8 @@ class DistributedDataParallel(PublicAPI, nn.Module):
 
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`. Once (torch's rule)."""
-        checks.check_comm_hook(hook)  # torch's checks, at registration
+        with self.logging_errors():  # torch's logger records them: _get_ddp_logging_data()
+            checks.check_comm_hook(hook)  # torch's checks, at registration
         self.reducer.register_comm_hook(state, hook)
 
 

@@ -24,7 +24,10 @@ micro-step), `require_forward_param_sync`, `module`, `process_group`, `bucket_ca
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..parallel import gradnorm
@@ -75,6 +78,76 @@ class PublicAPI:
             if name in params_and_buffers_to_ignore:
                 t._ddp_ignored = True
 
+    def _get_ddp_logging_data(self) -> dict:
+        """torch DDP's logger read (many of torch's tests call it first): the fields that have a
+        meaning in minddp, under torch's names and in torch's types (int flags, strings for lists).
+
+        What the wrapper was built with: world_size, rank (in the group), backend_name, module_name,
+        device_ids ("" on the CPU, else the module's device index), output_device (-1 on the CPU),
+        is_multi_device_module (always 0: minddp wraps single-device modules), has_sync_bn,
+        broadcast_buffers (forward_sync_buffers), bucket_cap_bytes (25 MiB by default),
+        find_unused_parameters, static_graph (1, absent when off, as torch's), gradient_as_bucket_view
+        (the argument as given; minddp's gradients are bucket views either way), dtypes (torch's names:
+        "float", "double"), num_parameter_tensors, total_parameter_size_bytes (the trained parameters).
+        What it does: iteration (the synchronised iterations before the current one: torch logs an
+        iteration at the next forward), bucket_sizes (bytes per bucket, the current buckets),
+        has_rebuilt_buckets and rebuilt_bucket_sizes (minddp rebuilds once, also with
+        find_unused_parameters, where torch does not), comm_hook (the registered hook's qualified
+        name; absent without one), join_uneven_inputs (1 inside join(), else absent), has_error and
+        error (the last error DDP's own checks raised on this wrapper, e.g. register_comm_hook's).
+        Not given (no meaning here): the C++ reducer's timings, environment variables, nccl fields."""
+        group, params = self.process_group, self.params
+        device = params[0].device
+        sizes = ", ".join(str(b.grad_nbytes) for b in self.layout.buckets)
+        hook = getattr(self.reduction, "hook", None)  # a registered comm hook (reductions.CommHook)
+        data = {
+            "world_size": self.world_size, "rank": dist.get_rank(group),
+            "backend_name": str(dist.get_backend(group)), "module_name": type(self.module).__name__,
+            "device_ids": "" if device.type == "cpu" else str(device.index),
+            "output_device": -1 if device.type == "cpu" else device.index,
+            "is_multi_device_module": int(len({p.device for p in params}) > 1),
+            "has_sync_bn": int(any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules())),
+            "broadcast_buffers": int(self.forward_sync_buffers),
+            "bucket_cap_bytes": int((25 if self.bucket_cap_mb is None else self.bucket_cap_mb) * 1024 * 1024),
+            "find_unused_parameters": int(self.find_unused_parameters),
+            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
+            "dtypes": ", ".join(sorted({_TORCH_DTYPE_NAMES.get(p.dtype, str(p.dtype)) for p in params})),
+            "num_parameter_tensors": len(params),
+            "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),
+            "iteration": max(self.observer.iterations - 1, 0),  # torch logs one at the next forward
+            "bucket_sizes": sizes,
+            "has_rebuilt_buckets": int(self.rebuilt),
+            "has_error": int(self.logged_error is not None),
+        }
+        if self.rebuilt:
+            data["rebuilt_bucket_sizes"] = sizes
+        if self.static_graph:  # torch's keys that appear only once set
+            data["static_graph"] = 1
+        if self.joined:
+            data["join_uneven_inputs"] = 1
+        if hook is not None:
+            data["comm_hook"] = getattr(hook, "__qualname__", str(hook))
+        if self.logged_error is not None:
+            data["error"] = self.logged_error
+        return data
+
+    logged_error: str | None = None  # what _get_ddp_logging_data reports as "error"
+
+    @property
+    def joined(self) -> bool:
+        """Inside `join()` (torch's logging data "join_uneven_inputs")."""
+        return self.reducer.uneven is not None
+
+    @contextmanager
+    def logging_errors(self):
+        """Raise as usual, and keep the text for _get_ddp_logging_data (torch's logger records the
+        errors its checks raise; torch's tests read them back)."""
+        try:
+            yield
+        except Exception as e:
+            self.logged_error = str(e)
+            raise
+
     def __getstate__(self):
         return pickling.getstate(self)
 
@@ -108,3 +181,8 @@ class PublicAPI:
     def bucket_bytes_cap_list(self) -> list[int]:
         """torch 2.13's attribute: bucket_cap_mb_list in bytes, [] without one."""
         return [int(cap * 1024 * 1024) for cap in self.bucket_cap_mb_list or []]
+
+
+# torch's logger names a dtype by its C++ type name (caffe2's TypeMeta)
+_TORCH_DTYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+                      torch.bfloat16: "c10::BFloat16"}

@@ -84,11 +84,13 @@ class Observer:
         self.trace: list | None = None  # set to a list to record (event, bucket, time) tuples
         self.stats = CommStats(overlap=overlap)
         self._range = self._wait_range = None
+        self.iterations = 0  # synchronised iterations started: torch's logging data "iteration"
 
     def layout_changed(self, num_buckets: int) -> None:
         self.stats.num_buckets = num_buckets
 
     def start(self, num_buckets: int) -> None:
+        self.iterations += 1
         self.stats = CommStats(num_buckets=num_buckets, overlap=self.overlap)
         self._t_launch = [None] * num_buckets
         self._t_done = [None] * num_buckets

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import collectives
-from .comm_hooks import BucketReducer, GradBucket, compressed
+from .comm_hooks import BucketReducer, GradBucket, compressed, returning_future
 
 
 class Reduction:
@@ -68,10 +68,11 @@ class Reduction:
             self._scaled[i] = False
         self._scaled_in[b] = 0
 
-    def replicas(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def replicas(self, module, ignored=frozenset()) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The tensors that hold the module's parameters, for the first broadcast: (flat buffers
-        that travel as they are, tensors that travel in coalesced chunks)."""
-        return [], [p.detach() for p in module.parameters()]
+        that travel as they are, tensors that travel in coalesced chunks). Those `ignored` (by
+        name) are never touched: they may be no plain tensor (a ShardedTensor)."""
+        return [], [p.detach() for n, p in module.named_parameters() if n not in ignored]
 
     def with_hook(self, state, hook) -> "Reduction":
         """The reduction `register_comm_hook(state, hook)` installs in place of this one."""
@@ -145,7 +146,7 @@ class CommHook(Reduction):
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor], state, hook):
         super().__init__(reducer, params)
-        self.state, self.hook = state, hook
+        self.state, self.hook = state, returning_future(hook)
 
     def bind(self, layout) -> None:
         super().bind(layout)
@@ -195,10 +196,11 @@ class ReduceScatter(Reduction):
         if layout is not None:
             layout.flat_params = flatten_params(self.params, layout)
 
-    def replicas(self, module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def replicas(self, module, ignored=frozenset()) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The flat parameter buffers as they are (no flattened copy), and any frozen parameter."""
         flat = {id(p) for p in self.params}
-        return self.layout.flat_params, [p.detach() for p in module.parameters() if id(p) not in flat]
+        return self.layout.flat_params, [p.detach() for n, p in module.named_parameters()
+                                         if id(p) not in flat and n not in ignored]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
         if self.avg and buffer is self.layout.buckets[b].buffer:  # torch DDP's average: 1/n, then SUM

@@ -33,9 +33,7 @@ def broadcast_buffers(buffers: list[torch.Tensor], group, src: int) -> None:
 def init_sync(ddp, module: nn.Module, buffers: bool) -> None:
     """Every rank starts from the first rank's parameters (and buffers). Flat parameter buffers
     (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
-    flat, rest = ddp.reduction.replicas(module)
-    ignored = {p.data_ptr() for n, p in module.named_parameters() if n in ddp.ignored_names and p.numel()}
-    rest = [t for t in rest if t.data_ptr() not in ignored]  # replicas gives detached aliases
+    flat, rest = ddp.reduction.replicas(module, ddp.ignored_names)  # ignored ones never touched
     for t in flat:
         dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
     buffers = synced_buffers(module, ddp.ignored_names) if buffers else []

@@ -98,6 +98,8 @@ class TrainConfig:
     profile_steps: Optional[List[int]] = None  # [first, last]: a torch.profiler trace of these steps
     bf16: Any = "auto"  # true | false | auto (bf16 autocast on CUDA devices that support it)
     device: str = "auto"  # auto | cpu | cuda
+    # torch.compile: none | whole (the model; split at the DDP buckets) | blocks (each block)
+    compile: str = "none"
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
     flight_recorder: int = 2000  # torch flight recorder: last N collectives per rank, dumped on error

@@ -29,7 +29,9 @@ def test_a_second_job_in_a_live_run_dir_is_refused_on_every_rank(tmp_path, secon
     run = tmp_path / "run"
     with running_job(run, *LONG, "train.max_steps=1000") as agent:
         wait_for_step(run, 2, timeout=120)
+        record = {f.name: f.read_bytes() for f in (run / ".hydra").iterdir()}
         p = run_train(run, *LONG, *second, nproc=2, check=False, timeout=120)
+        assert {f.name: f.read_bytes() for f in (run / ".hydra").iterdir()} == record  # the live job's
         assert p.returncodes == [2, 2], p.stderr[-3000:]
         holder = (f"the run dir {run} is in use by another live job (host {socket.gethostname()}, "
                   f"pid {holder_pid(run)}, torchrun run id ")
