@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -25,6 +26,28 @@ from ..errors import ConfigError
 from .model import GPTConfig, MLPConfig
 
 _PROCESS_START = datetime.now()
+
+
+class Choice(str, Enum):
+    """A string setting with a fixed set of values: OmegaConf refuses any other while Hydra
+    composes the config (`train.scaling=linear`: "expected one of [strong, weak]"). A member
+    equals, prints and serialises as its value ("weak"), so code reads it as the string."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+WandbMode = Choice("WandbMode", {v: v for v in ("auto", "online", "offline", "disabled")},
+                   module=__name__)
+JobType = Choice("JobType", {v: v for v in ("train", "report", "bench")}, module=__name__)
+OnNonfinite = Choice("OnNonfinite", {v: v for v in ("skip", "stop")}, module=__name__)
+Scaling = Choice("Scaling", {v: v for v in ("strong", "weak")}, module=__name__)
+Device = Choice("Device", {v: v for v in ("auto", "cpu", "cuda")}, module=__name__)
+TokenDtype = Choice("TokenDtype", {v: v for v in ("auto", "uint8", "uint16", "uint32")}, module=__name__)
+FLIGHT_RECORDER_MAX = 1_000_000  # torch keeps every entry in memory; past 2**31 its set-up hangs
 
 
 # The model schemas are the models' own config dataclasses plus the group's name.
@@ -58,7 +81,8 @@ class TokensData:
 
     name: str = "tokens"
     dir: Optional[str] = None
-    dtype: str = "auto"  # headerless files: auto (uint16 if the vocabulary fits, else uint32) | uint8/16/32
+    # headerless files: auto (uint16 if the vocabulary fits, else uint32) | uint8/16/32
+    dtype: TokenDtype = TokenDtype.auto
 
 
 @dataclass
@@ -96,14 +120,14 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # exit cleanly after this step (as if interrupted)
     trace_step: Optional[int] = None  # write an overlap timeline (trace json + png) of this step
     profile_steps: Optional[List[int]] = None  # [first, last]: a torch.profiler trace of these steps
-    bf16: Any = "auto"  # true | false | auto (bf16 autocast on CUDA devices that support it)
-    device: str = "auto"  # auto | cpu | cuda
-    # torch.compile: none | whole (the model; split at the DDP buckets) | blocks (each block)
-    compile: str = "none"
+    bf16: Optional[bool] = None  # true | false | null: bf16 autocast on CUDA devices that support it
+    tf32: bool = True  # on CUDA, fp32 matmuls and convolutions on TF32 tensor cores (no effect on CPU)
+    device: Device = Device.auto  # auto | cpu | cuda
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
     flight_recorder: int = 2000  # torch flight recorder: last N collectives per rank, dumped on error
-    on_nonfinite: str = "skip"  # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
+    # skip | stop: a NaN/inf loss or gradient on any rank, decided globally
+    on_nonfinite: OnNonfinite = OnNonfinite.skip
     max_skipped_steps: int = 10  # this many skipped steps in a row stop the run (exit 3); 0: no limit
     check_every: int = 0  # every N steps compare a parameter hash across dp ranks (0: off)
     # fault injection, to rehearse the non-finite path: this rank's loss becomes NaN at this step
@@ -116,7 +140,7 @@ class TrainConfig:
     # strong: train.global_batch_size is the global batch, fixed whatever the world size (the
     # accumulation shrinks as dp grows); weak: it is one data-parallel rank's batch (micro batch
     # x accumulation), fixed, so the global batch is it x dp and grows with the world
-    scaling: str = "strong"
+    scaling: Scaling = Scaling.strong
 
 
 @dataclass
@@ -145,12 +169,13 @@ class MeshConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    # auto (online when logged in to W&B, else offline) | online | offline | disabled
+    mode: WandbMode = WandbMode.auto
     project: str = "minddp"
     group: Optional[str] = None
     name: Optional[str] = None  # default: model, world size, layout, cap, variant and repeat
     repeat: int = 0  # which repeat of a configuration this run is (minddp scaling sets it)
-    job_type: str = "train"  # train | report | bench: W&B's job type
+    job_type: JobType = JobType.train  # train | report | bench: W&B's job type
     tags: List[str] = field(default_factory=list)  # W&B tags, besides the variant and the scaling mode
 
 
@@ -225,15 +250,10 @@ def validate(cfg, world_size: int) -> dict:
             raise ConfigError(str(e)) from None
     t = cfg.train
     accum, global_batch = _batch_layout(t, dims.dp)
-    if cfg.wandb.mode not in ("auto", "online", "offline", "disabled"):
-        raise ConfigError(f"wandb.mode must be auto, online, offline or disabled, got {cfg.wandb.mode!r}")
-    if t.on_nonfinite not in ("skip", "stop"):
-        raise ConfigError(f"train.on_nonfinite must be skip or stop, got {t.on_nonfinite!r}")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
-    if cfg.wandb.repeat < 0 or cfg.wandb.job_type not in ("train", "report", "bench"):
-        raise ConfigError(f"wandb.repeat must be >= 0 and wandb.job_type train, report or bench, got "
-                          f"{cfg.wandb.repeat} and {cfg.wandb.job_type!r}")
+    if cfg.wandb.repeat < 0:
+        raise ConfigError(f"wandb.repeat must be >= 0, got {cfg.wandb.repeat}")
     for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
         raise ConfigError(problem)
     return {"dims": dims, "accum": accum, "global_batch": global_batch}
@@ -242,8 +262,6 @@ def validate(cfg, world_size: int) -> dict:
 def _batch_layout(t, dp: int) -> tuple[int, int]:
     """(accumulation, global batch). Strong scaling: train.global_batch_size is the global
     batch. Weak: it is one data-parallel rank's batch, so the global batch is it x dp."""
-    if t.scaling not in ("strong", "weak"):
-        raise ConfigError(f"train.scaling must be strong or weak, got {t.scaling!r}")
     if t.micro_batch_size < 1 or t.global_batch_size < 1:
         raise ConfigError("train.global_batch_size and train.micro_batch_size must be >= 1")
     if t.scaling == "weak":
@@ -325,6 +343,7 @@ def _data_problems(cfg):
 def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
     from ..engine.checks import option_problems
+    from .build import size_problem
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,
@@ -335,8 +354,14 @@ def _setting_problems(cfg):
                "is known, so it can neither clip by it nor skip a step already taken")
     if m.name == "gpt" and (m.n_head < 1 or m.n_embd % m.n_head):
         yield f"model.n_head={m.n_head} must divide model.n_embd={m.n_embd}"
-    if min(m.n_embd, m.block_size, 1 if m.vocab_size is None else m.vocab_size, m.n_layer) < 1:
-        yield "model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1"
+    sizes = {"n_embd": m.n_embd, "block_size": m.block_size, "vocab_size": m.vocab_size, "n_layer": m.n_layer,
+             **({"hidden": m.hidden} if m.name == "mlp" else {})}
+    small = [f"model.{k}={v}" for k, v in sizes.items() if v is not None and v < 1]
+    if small:
+        yield (f"model.n_embd, model.block_size, model.vocab_size and model.n_layer must be >= 1 "
+               f"(model.hidden too for model=mlp), got {', '.join(small)}")
+    elif (too_big := size_problem(m, m.vocab_size or 256)) is not None:
+        yield too_big
     if m.name == "gpt" and not 0 <= m.dropout < 1:
         yield f"model.dropout must be in [0, 1), got {m.dropout}"
     if not (o.lr > 0 and 0 <= o.min_lr <= o.lr):
@@ -350,21 +375,19 @@ def _setting_problems(cfg):
     if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder, t.max_skipped_steps) < 0:
         yield ("train.eval_every, train.ckpt_every, train.check_every, train.flight_recorder and "
                "train.max_skipped_steps must be >= 0")
+    if t.flight_recorder > FLIGHT_RECORDER_MAX:
+        yield (f"train.flight_recorder={t.flight_recorder} is more than {FLIGHT_RECORDER_MAX:,} collectives: "
+               "torch keeps each one in memory (and hangs setting up more than 2**31); the last 2000 (the "
+               "default) cover a hang")
     if not (t.timeout_s > 0 and t.init_timeout_s > 0):
         yield "train.timeout_s and train.init_timeout_s must be > 0"
     if not t.fault_sleep_s >= 0:
         yield f"train.fault_sleep_s must be >= 0, got {t.fault_sleep_s}"
-    if t.device not in ("auto", "cpu", "cuda"):
-        yield f"train.device must be auto, cpu or cuda, got {t.device!r}"
     if t.profile_steps is not None and (len(t.profile_steps) != 2 or not 1 <= t.profile_steps[0]
                                         <= t.profile_steps[1]):
         yield f"train.profile_steps must be [first, last] with 1 <= first <= last, got {t.profile_steps}"
-    if t.bf16 not in (True, False, "auto"):
-        yield f"train.bf16 must be true, false or auto, got {t.bf16!r}"
     if t.peak_tflops is not None and not t.peak_tflops > 0:
         yield f"train.peak_tflops must be > 0 (or null), got {t.peak_tflops}"
     if data.name == "tokens":
         if not data.dir:  # whether it is a folder: load_data_agreed, the same answer on every rank
             yield f"data.dir={data.dir!r} is not a folder: data=tokens needs data.dir=<folder of token files>"
-        if data.dtype not in ("auto", "uint8", "uint16", "uint32"):
-            yield f"data.dtype must be auto, uint8, uint16 or uint32, got {data.dtype!r}"

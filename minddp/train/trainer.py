@@ -30,11 +30,12 @@ from torch.nn import functional as F
 from .. import _compat
 from ..engine import transfer
 from ..engine.ddp import DistributedDataParallel
+from ..errors import ConfigError
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
 from . import checkpoint
-from .build import build_model, build_optimizer, compile_model, lr_factor
+from .build import build_model, build_optimizer, lr_factor
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
@@ -52,6 +53,7 @@ from .safety import consistency
 from .safety.faults import Faults
 from .safety.guard import SkipGuard
 from .safety.signals import StopRequest
+from .safety.together import together
 
 log = logging.getLogger("minddp")
 
@@ -73,9 +75,15 @@ class Trainer:
     def setup(self) -> None:
         cfg, t = self.cfg, self.t
         detail = cfg.ddp.debug or flight_recorder.env_detail()
-        derived = validate(cfg, env_ranks()[2])  # the settings, before any process group uses them
-        flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
-        self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s)
+        derived, refused = None, None
+        try:  # the settings, before any process group uses them
+            derived = validate(cfg, env_ranks()[2])
+            flight_recorder.configure(t.flight_recorder, self.run_dir, detail=detail)
+        except ConfigError as e:  # a rank-local verdict (its env, its memory): agreed below
+            refused = e
+        self.info = info = init_distributed(t.device, timeout_s=t.init_timeout_s if refused is None else 600)
+        together(refused)  # one collective: a setting one rank refuses stops every rank, naming it
+        flops.set_tf32(t.tf32, info.device)  # train.tf32: torch's own process-wide flags, set here once
         lock.hold_agreed(self.run_dir, info.rank)  # one live job per run dir, before anything is written
         self.dims, self.accum, self.global_batch = derived["dims"], derived["accum"], derived["global_batch"]
         self.mesh = mesh = Mesh.create(info.world_size, cfg.mesh.tp, info.device.type)
@@ -115,7 +123,7 @@ class Trainer:
 
     def run_config(self) -> dict:
         """The configuration a checkpoint saves, and a resume compares against."""
-        return OmegaConf.to_container(self.cfg, resolve=True)
+        return OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
 
     def _build_model(self) -> torch.nn.Module:
         cfg, mesh = self.cfg, self.mesh
@@ -129,7 +137,6 @@ class Trainer:
 
     def _wrap(self, model) -> DistributedDataParallel:
         d = self.cfg.ddp
-        compile_model(model, self.cfg.train.compile)  # in place: the same parameters and names
         return DistributedDataParallel(
             model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
             find_unused_parameters=d.find_unused_parameters, forward_sync_buffers=d.broadcast_buffers,
@@ -144,7 +151,7 @@ class Trainer:
         self.num_params = full = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
                                      for p in self.model.parameters())
         self.flops_per_token = flops.flops_per_token(self.cfg.model, full)
-        self.bf16 = flops.set_precision(t.bf16, self.info.device)
+        self.bf16 = flops.autocast_bf16(t.bf16, self.info.device)
         peak, self.peak_source = flops.peak_tflops(self.info.device, t.peak_tflops)
         peaks = torch.tensor([peak], dtype=torch.float64, device=self.info.device)
         dist.all_reduce(peaks)  # the job's peak: the sum over processes (each measured its own)
@@ -157,7 +164,7 @@ class Trainer:
         ident = ident_.identity(cfg, info.world_size, self.dims, info.backend, info.device, self.num_params,
                                   self.accum, len(self.ddp.bucket_assignment))
         name = ident_.run_name(cfg, ident)
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = self.run_config()
         tracker = Tracker(self.run_dir, {**config, "data_info": self.data_info.as_dict()}, cfg.wandb, name,
                           t.max_steps, self.start, t.log_every, identity=ident)
         write_run_info(self.run_dir, {  # what minddp.tools.report needs to compare runs

@@ -13,7 +13,6 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import minddp
-from minddp.errors import ConfigError
 from minddp.train.config import register, validate
 from minddp.train.metrics import flops
 from tests import launch
@@ -52,12 +51,28 @@ def test_table_peaks_tell_variants_apart(name, peak):
 
 def test_bf16_auto_is_off_on_cpu_and_explicit_settings_win():
     cpu = torch.device("cpu")
-    assert flops.set_precision("auto", cpu) is False
-    assert flops.set_precision(True, cpu) is True
-    assert flops.set_precision(False, cpu) is False
-    validate(compose_config("train.bf16=auto"), 1)
-    with pytest.raises(ConfigError, match="train.bf16 must be true, false or auto"):
-        validate(compose_config("train.bf16=maybe"), 1)
+    assert flops.autocast_bf16(None, cpu) is False  # train.bf16=null (the default): auto
+    assert flops.autocast_bf16(True, cpu) is True
+    assert flops.autocast_bf16(False, cpu) is False
+    validate(compose_config("train.bf16=null"), 1)
+
+
+def test_tf32_is_the_visible_setting_and_the_bf16_decision_touches_no_flag():
+    """train.tf32 sets torch's TF32 flags on CUDA (default on: as before), never on CPU; deciding
+    bf16 autocast (the throughput setup) leaves them alone."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        flops.set_tf32(False, torch.device("cuda"))
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
+        flops.autocast_bf16(None, torch.device("cpu"))
+        flops.set_tf32(True, torch.device("cpu"))  # no effect on CPU
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
+        flops.set_tf32(True, torch.device("cuda"))
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
+        assert compose_config().train.tf32 is True
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before
 
 
 # ------------------------------------------------- no host sync in a steady step

@@ -52,3 +52,20 @@ def test_a_read_only_run_dir_is_one_line(tmp_path, where, request):
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"minddp: configuration error: the run dir {tmp_path / where} " in p.stderr
     assert "not writable: choose another with MINDDP_RUN_DIR=<dir>" in p.stderr
+
+
+@pytest.mark.slow
+def test_a_setting_one_rank_refuses_stops_every_rank_at_once(tmp_path):
+    """Issue 45.11: a value that differs between ranks (here through the rank's own environment,
+    as a node-local path or variable would) and that rank 0 alone refuses. Before, rank 0 waited
+    30 s for its peers and rank 1 died ~35 s in with a DistNetworkError (exit 1); now the ranks
+    agree on the verdict in one collective: the same line, naming the rank, exit 2 on both."""
+    import time
+
+    t0 = time.monotonic()
+    p = run_train(tmp_path / "run", *SMALL, "train.timeout_s=${oc.env:RANK}", nproc=2, check=False, timeout=90)
+    took = time.monotonic() - t0
+    assert p.returncodes == [2, 2], p.stderr[-3000:]
+    line = "on rank 0 (1 of 2 ranks failed): train.timeout_s and train.init_timeout_s must be > 0"
+    assert p.stderr.count(line) == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert took < 25, took

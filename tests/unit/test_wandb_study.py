@@ -19,7 +19,8 @@ def test_where_wandb_cannot_rewind_the_resume_is_a_new_run_linked_in_its_config(
     import wandb
     from omegaconf import OmegaConf
 
-    from minddp.train.metrics.tracking import Tracker, _wandb_id
+    from minddp.train.metrics.tracking import Tracker
+    from minddp.train.metrics.wandb_run import mark_written, wandb_id
 
     real = wandb.init
 
@@ -32,6 +33,7 @@ def test_where_wandb_cannot_rewind_the_resume_is_a_new_run_linked_in_its_config(
     monkeypatch.setattr(wandb, "init", server_without_rewind)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n"
                                                     for s in range(1, 6)))  # the first part, to step 5
+    mark_written(tmp_path, 5)  # ... closed cleanly: W&B wrote its steps
     cfg = OmegaConf.create({"mode": "offline", "project": "p", "group": "g", "job_type": "train", "tags": []})
     tracker = Tracker(tmp_path, {"seed": 1}, cfg, "run", 8, start_step=3,
                       identity={"variant": "ddp", "scaling": "strong"})
@@ -39,8 +41,8 @@ def test_where_wandb_cannot_rewind_the_resume_is_a_new_run_linked_in_its_config(
         tracker.log({"step": step, "loss": 2.0})
     tracker.close()
     (w,) = runs_under(tmp_path)
-    assert w["config"]["resumed_from"] == {"run_id": _wandb_id(tmp_path), "step": 3}
-    assert w["id"] != _wandb_id(tmp_path) and w["group"] == "g" and w["branch"] is None
+    assert w["config"]["resumed_from"] == {"run_id": wandb_id(tmp_path), "step": 3}
+    assert w["id"] != wandb_id(tmp_path) and w["group"] == "g" and w["branch"] is None
     assert [h["_step"] for h in w["history"]] == [4, 5, 6, 7, 8]  # the new run: each step once
     assert [r["step"] for r in metrics(tmp_path)] == list(range(1, 9))
 
@@ -131,17 +133,17 @@ def test_weak_scaling_fixes_each_ranks_batch_and_strong_the_global_one(scaling, 
     assert (derived["accum"], derived["global_batch"]) == (accum, global_batch)
 
 
-def test_an_unknown_scaling_mode_is_one_line_naming_both(tmp_path):
+def test_an_unknown_scaling_mode_is_refused_naming_both(tmp_path):
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
-    from minddp.errors import ConfigError
-    from minddp.train.config import register, validate
+    from minddp.train.config import register
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*SMALL, "train.scaling=linear"])
-    with pytest.raises(ConfigError, match="train.scaling must be strong or weak, got 'linear'"):
-        validate(cfg, 2)
+        with pytest.raises(ConfigCompositionException) as e:
+            compose("config", overrides=[*SMALL, "train.scaling=linear"])
+    assert "Invalid value 'linear', expected one of [strong, weak]" in str(e.value.__cause__)
 
 
 def test_the_summary_is_the_steady_state_of_every_row():
@@ -171,17 +173,27 @@ def test_identity_names_differ_by_variant_and_repeat():
     assert len(names) == 4 and "gpt-ws2-dp2-tp1-mb4-cap25-zero1-r1" in names
 
 
-def test_the_git_commit_is_read_from_the_checkout_without_git(tmp_path):
+def test_the_git_commit_is_gits_own_answer(tmp_path, monkeypatch):
+    """`git rev-parse` of the checkout: a worktree and a detached head included; None outside a
+    checkout, inside someone else's (an installed minddp under another repository), or without git."""
+    import subprocess
+
     from minddp.train.metrics.identity import git_commit
 
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=tmp_path / "repo", check=True, capture_output=True,
+                              text=True)
+        return done.stdout.strip()
+
     assert git_commit(tmp_path) is None  # not a checkout
-    git = tmp_path / ".git"
-    (git / "refs" / "heads").mkdir(parents=True)
-    (git / "HEAD").write_text("ref: refs/heads/main\n")
-    (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
-    assert git_commit(tmp_path) == "a" * 40
-    (git / "refs" / "heads" / "main").unlink()  # after git gc: packed-refs
-    (git / "packed-refs").write_text(f"# pack-refs\n{'b' * 40} refs/heads/main\n")
-    assert git_commit(tmp_path) == "b" * 40
-    (git / "HEAD").write_text("c" * 40 + "\n")  # detached
-    assert git_commit(tmp_path) == "c" * 40
+    (tmp_path / "repo" / "pkg").mkdir(parents=True)
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    assert git_commit(tmp_path / "repo") == head and len(head) == 40
+    assert git_commit(tmp_path / "repo" / "pkg") is None  # inside a checkout, not its top
+    git("gc", "-q")  # packed refs
+    git("worktree", "add", "-q", "--detach", str(tmp_path / "wt"))
+    assert git_commit(tmp_path / "repo") == head == git_commit(tmp_path / "wt")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no git on PATH
+    assert git_commit(tmp_path / "repo") is None

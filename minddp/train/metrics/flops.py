@@ -113,12 +113,17 @@ def utilisation(tokens_per_s: float, flops_token: float, peak_device_tflops: flo
     return tflops, mfu if 0 < mfu <= 1 else None
 
 
-def set_precision(bf16, device: torch.device) -> bool:
-    """Whether to autocast to bf16 (train.bf16: true, false or auto = on CUDA devices that support
-    it); on CUDA also lets fp32 matmuls and convolutions use TF32 tensor cores (process-wide)."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    if bf16 == "auto":
+def autocast_bf16(bf16: bool | None, device: torch.device) -> bool:
+    """Whether to autocast to bf16: train.bf16 true or false, or null (the default): on CUDA
+    devices that support it."""
+    if bf16 is None:
         return device.type == "cuda" and torch.cuda.is_bf16_supported()
     return bool(bf16)
+
+
+def set_tf32(enabled: bool, device: torch.device) -> None:
+    """train.tf32 on CUDA: fp32 matmuls and convolutions on TF32 tensor cores (torch's own
+    process-wide flags, so the trainer sets them once, visibly, in its setup); no effect on CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled

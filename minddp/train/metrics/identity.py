@@ -11,6 +11,7 @@ and the run's default name, unique within a study: model, layout, cap, variant, 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import torch
@@ -46,26 +47,18 @@ def device_name(device: torch.device) -> str:
 
 
 def git_commit(root: Path = SOURCE) -> str | None:
-    """The checkout's commit, read from .git itself (no subprocess); None outside a checkout."""
-    git = root / ".git"
+    """The commit of the checkout minddp runs from (`git rev-parse`: worktrees, packed refs and
+    detached heads are git's business); None without git, outside a checkout, or where `root`
+    is not the top of one (an installed minddp inside some other repository)."""
     try:
-        if git.is_file():  # a worktree: "gitdir: <path>"
-            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref:"):
-            return head
-        ref = head.split(":", 1)[1].strip()
-        for base in (git, Path(str(git).split("/worktrees/")[0])):
-            if (base / ref).is_file():
-                return (base / ref).read_text().strip()
-            packed = base / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    if line.endswith(" " + ref):
-                        return line.split()[0]
-    except OSError:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "--verify", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    return None
+    lines = out.stdout.split()
+    if out.returncode or len(lines) != 2 or Path(lines[0]).resolve() != Path(root).resolve():
+        return None
+    return lines[1]
 
 
 def identity(cfg, world_size: int, dims, backend: str, device: torch.device, num_params: int,

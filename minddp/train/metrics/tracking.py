@@ -4,18 +4,15 @@ close the steady-state summary (summary.json beside metrics.jsonl, and W&B's sum
 Other ranks get a `NullTracker` with the same methods, so the training loop
 has no `if rank == 0` around logging. W&B's config holds the Hydra config (nested: W&B shows
 `train.max_steps`) and the run's identity as flat top-level keys (minddp.train.metrics.identity).
-A resumed run never logs a step twice into one W&B run: it rewinds the run to the
-checkpoint's step (`resume_from`), or where that is refused continues in a new run of the
-same group whose config names the old one (`resumed_from`).
+W&B's side (its mode, a run that cannot start, a resume that rewinds and re-logs what W&B
+lacks) is minddp.train.metrics.wandb_run: it never takes the run down.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,20 +21,10 @@ from tqdm import tqdm
 
 from ..io.atomic import atomic_write
 from . import summary as steady
+from . import wandb_run
+from .wandb_run import resolve_mode as resolve_wandb_mode  # noqa: F401 - its name for the tools
 
 log = logging.getLogger("minddp")
-
-
-def resolve_wandb_mode(mode: str) -> str:
-    """auto: WANDB_MODE if set, online with an API key, else offline (never needs a server)."""
-    if mode != "auto":
-        return mode
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    netrc = Path.home() / ".netrc"
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or (
-        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
-    return "online" if has_key else "offline"
 
 
 def _parse_row(line: str) -> dict | None:
@@ -61,11 +48,12 @@ class Tracker:
         self.summary_path = self.run_dir / "summary.json"
         earlier = self._truncate_after(start_step)
         self._metrics = open(self.metrics_path, "a")
-        self.mode = resolve_wandb_mode(wandb_cfg.mode)
-        self.wandb_run = None
-        if self.mode != "disabled":
-            self.wandb_run = start_wandb(self.run_dir, wandb_cfg, run_name, self.mode,
-                                         {**config, **(identity or {})}, start_step if earlier else None)
+        self.mode = wandb_run.resolve_mode(wandb_cfg.mode)
+        self.wandb_run, self.last_step = None, start_step
+        if self.mode != "disabled":  # None where W&B cannot start: the run goes on without it
+            resume = start_step if earlier else None
+            self.wandb_run = wandb_run.open_run(self.run_dir, wandb_cfg, run_name, self.mode,
+                                                {**config, **(identity or {})}, resume, self.rows())
         self.interactive = sys.stderr.isatty()
         self.log_every = max(1, log_every)
         self.total, self.start_step, self.started = total_steps, start_step, time.monotonic()
@@ -96,8 +84,10 @@ class Tracker:
         safe = {k: _json_safe(v) for k, v in row.items()}  # NaN/inf -> null: valid JSON
         self._metrics.write(json.dumps(safe) + "\n")
         self._metrics.flush()
+        self.last_step = row["step"]
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+            values = {k: v for k, v in row.items() if k != "step"}
+            self._to_wandb(lambda run: run.log(values, step=row["step"]))
         shown = {"loss": f"{row['loss']:.4f}", "tok/s": f"{row.get('tokens_per_s', 0):.0f}"}
         if "mfu" in row:
             shown["mfu"] = f"{100 * row['mfu']:.1f}%"
@@ -134,14 +124,35 @@ class Tracker:
         except OSError as e:  # a full disk: the run's own error (if any) must stay the one reported
             log.warning(f"{self.summary_path} not written ({e}); `minddp report` recomputes it")
             numbers = {}
-        if self.wandb_run is not None:
-            self.wandb_run.summary.update(numbers)
-            self.wandb_run.finish()
+
+        def finish(run):
+            run.summary.update(numbers)
+            run.finish()
+
+        if self.wandb_run is not None and self._to_wandb(finish):
+            wandb_run.mark_written(self.run_dir, self.last_step)  # finished: its files hold every step
+
+    def _to_wandb(self, call) -> bool:
+        """call(the W&B run); where W&B fails (a full disk, its service gone), one warning and the
+        run goes on without it. True when it worked."""
+        try:
+            call(self.wandb_run)
+            return True
+        except Exception as e:  # noqa: BLE001 - W&B must never take a run down
+            log.warning(f"W&B: stopped logging ({type(e).__name__}: {str(e)[:200]}); training goes on, "
+                        f"metrics in {self.metrics_path}")
+            self.wandb_run = None
+            return False
+
+    def rows(self) -> list[dict]:
+        """metrics.jsonl's rows (every part of the run so far)."""
+        if not self.metrics_path.exists():
+            return []
+        return [r for line in self.metrics_path.read_text(errors="replace").splitlines()
+                if (r := _parse_row(line)) is not None and isinstance(r.get("step"), int)]
 
     def write_summary(self) -> dict:
-        rows = [r for line in self.metrics_path.read_text(errors="replace").splitlines()
-                if (r := _parse_row(line)) is not None and isinstance(r.get("step"), int)]
-        numbers = steady.summary(rows)
+        numbers = steady.summary(self.rows())
         atomic_write(self.summary_path, json.dumps(numbers, indent=1) + "\n")
         return numbers
 
@@ -156,44 +167,6 @@ class Tracker:
         lines.append(f"  next: minddp sample {run}   (text from the model)")
         lines.append(f"        minddp report {run}   (a table and plots; a parent folder compares runs)")
         return "\n".join(lines)
-
-
-def start_wandb(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, resume_step: int | None):
-    """wandb.init for this run: its group, job type, tags and flat identity; resume_step (an
-    earlier part of the run logged rows) rewinds the run to that step, or where the installed
-    wandb or the server cannot, starts a new run in the group linked by `resumed_from`."""
-    import wandb
-
-    run_id = _wandb_id(run_dir)
-    tags = [t for t in (config.get("variant"), config.get("scaling") and f"{config['scaling']}-scaling",
-                        *wandb_cfg.tags) if t]
-    common = dict(project=wandb_cfg.project, group=wandb_cfg.group, name=name, mode=mode, dir=str(run_dir),
-                  job_type=wandb_cfg.job_type, tags=tags,
-                  # no history/summary tables and sync hints at the end: next_steps() says where things are
-                  settings=wandb.Settings(quiet=True))
-    if resume_step is None:
-        run = wandb.init(id=run_id, resume="allow", config=config, **common)
-    else:
-        run = None
-        if "resume_from" in inspect.signature(wandb.init).parameters:
-            try:  # W&B drops the history after the step, so nothing is logged twice
-                run = wandb.init(resume_from=f"{run_id}?_step={resume_step}", config=config, **common)
-            except Exception as e:  # noqa: BLE001 - a server without rewind: a new run instead
-                log.warning(f"W&B could not rewind run {run_id} to step {resume_step} ({e}); "
-                            "continuing in a new run of the same group")
-        if run is None:
-            link = {"resumed_from": {"run_id": run_id, "step": resume_step}}
-            run = wandb.init(id=f"{run_id}-{int(time.time())}", config={**config, **link}, **common)
-    for key in steady.KEYS:  # the summary is the steady state set at close, not the last row
-        run.define_metric(key, summary="none")
-    return run
-
-
-def _wandb_id(run_dir: Path) -> str:
-    """A stable run id per run directory, so a resumed job continues the same W&B run."""
-    import hashlib
-
-    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
 
 
 class NullTracker:
