@@ -93,7 +93,8 @@ class PublicAPI:
         iteration at the next forward), bucket_sizes (bytes per bucket, the current buckets),
         has_rebuilt_buckets and rebuilt_bucket_sizes (minddp rebuilds once, also with
         find_unused_parameters, where torch does not), comm_hook (the registered hook's qualified
-        name; absent without one), join_uneven_inputs (1 inside join(), else absent), has_error and
+        name; absent without one), join_uneven_inputs (1 inside join(), else absent; torch keeps 1 once
+        join() ran), has_error and
         error (the last error DDP's own checks raised on this wrapper, e.g. register_comm_hook's).
         Not given (no meaning here): the C++ reducer's timings, environment variables, nccl fields."""
         group, params = self.process_group, self.params
