@@ -26,6 +26,21 @@ def build_model(m, vocab_size: int) -> torch.nn.Module:
     return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
 
 
+def compile_model(model: torch.nn.Module, how: str) -> torch.nn.Module:
+    """train.compile, in place (`nn.Module.compile`: parameter names, checkpoints and evaluation see
+    the same module): `whole` compiles the model's forward, which minddp.DDP has dynamo split at
+    its bucket boundaries (one backward node per bucket, so buckets go out during backward);
+    `blocks` compiles each transformer block (or MLP layer); `none` leaves it eager."""
+    if how not in ("none", "whole", "blocks"):
+        raise ConfigError(f"train.compile={how}: expected none, whole (the model) or blocks (each block)")
+    if how == "whole":
+        model.compile()
+    elif how == "blocks":
+        for block in getattr(model, "blocks", None) or getattr(model, "layers", []):
+            block.compile()
+    return model
+
+
 def parameter_count(m, vocab_size: int) -> int:
     """The parameters build_model makes for these sizes, counted without building anything."""
     e = m.n_embd

@@ -46,6 +46,7 @@ JobType = Choice("JobType", {v: v for v in ("train", "report", "bench")}, module
 OnNonfinite = Choice("OnNonfinite", {v: v for v in ("skip", "stop")}, module=__name__)
 Scaling = Choice("Scaling", {v: v for v in ("strong", "weak")}, module=__name__)
 Device = Choice("Device", {v: v for v in ("auto", "cpu", "cuda")}, module=__name__)
+Compile = Choice("Compile", {v: v for v in ("none", "whole", "blocks")}, module=__name__)
 TokenDtype = Choice("TokenDtype", {v: v for v in ("auto", "uint8", "uint16", "uint32")}, module=__name__)
 FLIGHT_RECORDER_MAX = 1_000_000  # torch keeps every entry in memory; past 2**31 its set-up hangs
 
@@ -123,6 +124,8 @@ class TrainConfig:
     bf16: Optional[bool] = None  # true | false | null: bf16 autocast on CUDA devices that support it
     tf32: bool = True  # on CUDA, fp32 matmuls and convolutions on TF32 tensor cores (no effect on CPU)
     device: Device = Device.auto  # auto | cpu | cuda
+    # torch.compile: none | whole (the model; split at the DDP buckets) | blocks (each block)
+    compile: Compile = Compile.none
     init_timeout_s: float = 600.0  # process-group start-up (slow nodes, first imports)
     timeout_s: float = 300.0  # any collective once training runs: a hang becomes an error
     flight_recorder: int = 2000  # torch flight recorder: last N collectives per rank, dumped on error

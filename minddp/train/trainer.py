@@ -35,7 +35,7 @@ from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
 from . import checkpoint
-from .build import build_model, build_optimizer, lr_factor
+from .build import build_model, build_optimizer, compile_model, lr_factor
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
@@ -137,6 +137,7 @@ class Trainer:
 
     def _wrap(self, model) -> DistributedDataParallel:
         d = self.cfg.ddp
+        compile_model(model, self.cfg.train.compile)  # in place: the same parameters and names
         return DistributedDataParallel(
             model, process_group=self.mesh.dp_group, bucket_cap_mb=d.bucket_cap_mb,
             find_unused_parameters=d.find_unused_parameters, forward_sync_buffers=d.broadcast_buffers,
