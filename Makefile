@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling gpu-check wheelhouse soak-faults lint clean
+.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling docs gpu-check wheelhouse soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 # torchrun gives each worker OMP_NUM_THREADS=1 unless set, and warns about it on every launch: set it
@@ -106,18 +106,26 @@ DIR ?= outputs
 report: install  ## every run under DIR (default outputs): DIR/report.{md,png}
 	$(BIN)/minddp report $(DIR)
 
-# one step with overlap on and off, per rank: docs/timeline.{json,png}; a ZeRO-1 step and the
-# forward after it (its all-gathers, the waits they cost): docs/timeline_zero1.{json,png}; eager, whole-model
-# and per-block compile (aot_eager): docs/timeline_compile.{json,png}
-timeline: install  ## one step per rank, overlap on/off and ZeRO-1: docs/timeline*.{json,png}
-	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
-	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --zero1 --out docs/timeline_zero1
-	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --compile all --bucket-mb 1 --out docs/timeline_compile
+# one step with overlap on and off, per rank: timeline.{json,png}; a ZeRO-1 step and the
+# forward after it (its all-gathers, the waits they cost): timeline_zero1.{json,png}; eager, whole-model
+# and per-block compile (aot_eager): timeline_compile.{json,png}. In TIMELINE_OUT: a study of your
+# own never rewrites the repository (make docs regenerates docs/)
+TIMELINE_OUT ?= outputs/timeline
+timeline: install  ## one step per rank, overlap on/off, ZeRO-1, compiled: outputs/timeline/*.{json,png}
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --out $(TIMELINE_OUT)/timeline
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --zero1 --out $(TIMELINE_OUT)/timeline_zero1
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp timeline --compile all --bucket-mb 1 \
+	  --out $(TIMELINE_OUT)/timeline_compile
 
 # the trainer over world sizes and bucket caps, 3 rotated runs each, ZeRO-1 (and the optimizer
-# overlap, where the trainer has it) beside DDP at world 2: docs/scaling.{md,png}
-scaling: install  ## the trainer over world sizes and caps beside the cost model: docs/scaling.{md,png}
+# overlap, where the trainer has it) beside DDP at world 2: scaling.{md,png} in the study's folder
+scaling: install  ## world sizes x caps beside the cost model: outputs/scaling-<time>/scaling.{md,png}
 	$(BIN)/minddp scaling --repeats 3 --variants auto $(ARGS)
+
+# the pictures README links to, regenerated in place: the one target that rewrites them
+docs: install  ## regenerate docs/timeline*.{json,png} and docs/scaling.{md,png} (tracked files)
+	$(MAKE) timeline TIMELINE_OUT=docs
+	$(BIN)/minddp scaling --repeats 3 --variants auto --out docs/scaling $(ARGS)
 
 # on a CUDA machine (< 10 min, 1 or more GPUs): the engine against torch DDP on nccl and on gloo with
 # CUDA tensors, no host sync in a steady step, overlap in a profiler trace, flat memory, the flight

@@ -14,14 +14,17 @@ This file is the Hydra entry and the error reporting; the loop is minddp/train/t
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from minddp.parallel.dist import env_ranks, exit_worker, shutdown, wait_for_peers
-from minddp.train.config import ConfigError, register
+from minddp.train.config import ConfigError, register, unknown_key_hint
 from minddp.train.io import run_dir as run_dirs
 from minddp.train.metrics import flight_recorder
 from minddp.train.safety.guard import DivergedError
@@ -30,12 +33,15 @@ from minddp.train.trainer import Trainer
 register()
 _entered_main = False  # False when Hydra fails before main runs: its own config error
 _exit_code = 0  # 130 after a Ctrl-C that stopped the run cleanly (checkpoint saved)
+_raise_hydra_errors = ""  # "1" while run() has Hydra raise its command-line errors (HYDRA_FULL_ERROR)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _entered_main, _exit_code
     _entered_main = True
+    if _raise_hydra_errors:  # from here on errors are the run's own: Hydra reports them its usual way
+        os.environ.pop("HYDRA_FULL_ERROR", None)
     run_dir = HydraConfig.get().runtime.output_dir
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     as_given = OmegaConf.to_container(cfg)  # .hydra/config.yaml: before setup records the data's values
@@ -79,17 +85,42 @@ def report_flight_recorder(rank, run_dir, e: BaseException) -> None:
         say(rank, f"flight recorder: {where}; minddp debug {run_dir}")
 
 
+def hydra_problem(e: HydraException) -> str:
+    """Hydra's refusal of the command line as one line with the fix (Hydra's own advice for an
+    unknown key is `+key=...`, which only adds a setting nothing reads)."""
+    cause = e.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        given = re.search(r"Could not override '([^']+)'", str(e))  # the whole key (trian.max_steps)
+        key = given.group(1) if given else cause.full_key
+        return f"unknown key {key} ({unknown_key_hint(key)})"
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        return f"{cause.full_key}: {str(cause).splitlines()[0]}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if isinstance(e, MissingConfigException) and "Available options" in str(e):
+        options = [o for o in lines[2:lines.index("Config search path:")] if not o.endswith("_schema")]
+        return f"{lines[0].split(': ', 1)[-1]} (options: {', '.join(options)})"  # "In 'config': Could not..."
+    if isinstance(e, OverrideParseException):
+        return f"cannot read the command line ({lines[0]}): overrides are key=value"
+    return lines[0] if lines else type(e).__name__
+
+
 def run() -> None:
-    """main(), with Hydra's own errors (unknown key, wrong type, bad override) as exit code 2:
-    Hydra prints them and exits 1 before main runs."""
+    """main(), with Hydra's refusal of the command line (unknown key, wrong type, bad override)
+    as one line with the fix and exit code 2, on every rank. While HYDRA_FULL_ERROR is set Hydra
+    raises these instead of printing its own lines; main() unsets it again, so the run's own
+    errors are reported Hydra's usual way. A HYDRA_FULL_ERROR you set yourself gets Hydra's trace."""
+    global _raise_hydra_errors
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    if "HYDRA_FULL_ERROR" not in os.environ:
+        os.environ["HYDRA_FULL_ERROR"] = _raise_hydra_errors = "1"
     try:
         main()  # errors raise (and exit non-zero) before the line below
-    except SystemExit as e:
-        if e.code == 1 and not _entered_main:
-            say(rank, "minddp: configuration error (Hydra's message above)")
-            sys.exit(2)
-        raise
+    except (HydraException, OmegaConfBaseException) as e:
+        if not _raise_hydra_errors or _entered_main:
+            raise
+        say(rank, f"minddp: configuration error: {hydra_problem(e)}")
+        wait_for_peers(f"minddp/hydra/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        exit_worker(2, script=True)  # at once: a slow interpreter teardown lets torchrun kill this rank
     exit_worker(_exit_code, script=True)  # without the interpreter's teardown (see exit_worker)
 
 

@@ -197,7 +197,8 @@ def shutdown() -> None:
 def wait_for_peers(key: str, timeout_s: float = 30.0) -> None:
     """Before exiting on an error every rank hits (a bad config), wait until all ranks have
     reported it, so torchrun does not kill the slower ranks before they print their own
-    message. Uses the process group's store, or torchrun's; gives up after timeout_s."""
+    message, then until one agreed instant, so all exit together (exit at once after it).
+    Uses the process group's store, or torchrun's; gives up after timeout_s."""
     import time
     from datetime import timedelta
 
@@ -211,9 +212,9 @@ def wait_for_peers(key: str, timeout_s: float = 30.0) -> None:
             host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ.get("RANK") == "0"
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                                   is_master=host, timeout=timedelta(seconds=timeout_s))
-        store.add(key, 1)
-        deadline = time.monotonic() + timeout_s
-        while store.add(key, 0) < world and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if store.add(key, 1) == world:  # the last to report names one instant for all to leave at:
+            store.set(f"{key}/leave_at", str(time.time() + 0.2))  # torchrun kills who is left behind
+        store.wait([f"{key}/leave_at"], timedelta(seconds=timeout_s))
+        time.sleep(max(0.0, float(store.get(f"{key}/leave_at")) - time.time()))
     except Exception:  # noqa: BLE001 - best effort: never turn an error report into a hang
         pass

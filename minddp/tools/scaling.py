@@ -1,7 +1,7 @@
 """Scaling study: the trainer over world sizes and bucket caps, same global batch, with the
 calibrated cost model's prediction beside every measurement.
 
-    minddp scaling [--worlds 1,2,4] [--caps 1,5,25,100] [--steps 16] [--out docs/scaling]
+    minddp scaling [--worlds 1,2,4] [--caps 1,5,25,100] [--steps 16] [--out PREFIX]
     minddp scaling --repeats 3 --variants auto      # make scaling: + ZeRO-1 (+ overlap) at world 2
     minddp scaling --mode weak                      # per-rank batch fixed: the global batch grows
 
@@ -16,7 +16,8 @@ contention factor, the engine's per-bucket cost and the per-bucket completion fl
 on this machine). With --repeats each configuration runs that often, the order rotated per
 repeat, and the table gives medians and spreads. Rows whose
 world size x threads exceed the machine's cores are marked oversubscribed: ranks time-share
-cores there, so efficiency says nothing about the method. Writes <out>.md and <out>.png,
+cores there, so efficiency says nothing about the method. Writes <out>.md and <out>.png (by
+default scaling.{md,png} in the study's own folder, beside its runs; `make docs` writes docs/),
 and at the end logs the study's W&B report run into its group (`minddp report --wandb`; each
 run's W&B name holds its variant and repeat, wandb.repeat) and prints the one command that
 uploads every offline run of the study. The runs and the analysis are minddp/perf/study.py.
@@ -61,7 +62,7 @@ def main(argv=None) -> None:
                     help="strong: the global batch fixed; weak: each rank's batch fixed (train.scaling)")
     ap.add_argument("--variants", default="ddp",
                     help="ddp, zero1, overlap (at world 2, beside DDP), or auto (those the trainer has)")
-    ap.add_argument("--out", default="docs/scaling")
+    ap.add_argument("--out", help="prefix of the .md and .png (default: <the study's folder>/scaling)")
     ap.add_argument("--calibration", default="docs/calibration.json", help="from `make calibrate`")
     ap.add_argument("--preset", default="this-machine-gloo", help="when there is no calibration file")
     ap.add_argument("--reuse", metavar="DIR", help="re-read the runs of an earlier study instead of running")
@@ -77,14 +78,15 @@ def main(argv=None) -> None:
     results = study.analyse(runs, cal, args.mode, [TensorSpec.of(p) for p in study_params()])
     blocks = report(args, group, cal, len(os.sched_getaffinity(0)), results) + load_note(study.loads(runs))
     print(render.markdown(blocks))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    render.write(args.out + ".md", blocks, {"results": results})
-    plot([r for r in results if r["variant"] == "ddp"], worlds, caps, args.out + ".png")
+    out = args.out or str(out_dir / "scaling")  # never the repository's docs/ unless asked (make docs)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    render.write(out + ".md", blocks, {"results": results})
+    plot([r for r in results if r["variant"] == "ddp"], worlds, caps, out + ".png", args.mode)
     if not args.reuse:  # the study as one W&B run, in the runs' group; the upload command once
         from .report import report as folder_report
 
         folder_report(out_dir, to_wandb=True)
-    print(f"wrote {args.out}.md and {args.out}.png; runs in {out_dir}")
+    print(f"wrote {out}.md and {out}.png; runs in {out_dir}")
 
 
 def load_note(loads: list[float]) -> list[str]:
@@ -139,19 +141,24 @@ def row(r: dict) -> list[str]:
             ms(r["predicted_busy_s"]), ratio, bare, ms(r["exposed_s"]), ms(r["predicted_exposed_s"])]
 
 
-def plot(results, worlds, caps, png) -> None:
+def plot(results, worlds, caps, png, mode: str = "strong") -> None:
+    """Throughput, and busy time measured (solid) beside the model (dashed) in one colour per cap;
+    caps in numeric order."""
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for cap in caps:
-        rs = [r for r in results if r["cap"] == cap]
-        a.plot([r["world"] for r in rs], [r["tokens_per_s"] for r in rs], "o-", label=f"cap {cap:g} MB")
-        b.plot([r["world"] for r in rs], [r["busy_s"] * 1e3 for r in rs], "o-", label=f"measured, {cap:g} MB")
-        b.plot([r["world"] for r in rs], [r["predicted_busy_s"] * 1e3 for r in rs], "x--",
-               label=f"calibrated model, {cap:g} MB")
-    a.set(xlabel="world size", ylabel="tokens / s", title="throughput (fixed global batch)", xticks=worlds)
-    b.set(xlabel="world size", ylabel="ms per step", title="gradient communication busy time", xticks=worlds)
+    for i, cap in enumerate(sorted(caps)):
+        rs, colour = [r for r in results if r["cap"] == cap], f"C{i}"
+        worlds_of = [r["world"] for r in rs]
+        a.plot(worlds_of, [r["tokens_per_s"] for r in rs], "o-", color=colour, label=f"cap {cap:g} MB")
+        b.plot(worlds_of, [r["busy_s"] * 1e3 for r in rs], "o-", color=colour, label=f"cap {cap:g} MB")
+        b.plot(worlds_of, [r["predicted_busy_s"] * 1e3 for r in rs], "x--", color=colour)
+    batch = "fixed batch per rank" if mode == "weak" else "fixed global batch"
+    a.set(xlabel="world size", ylabel="tokens / s", xticks=worlds,
+          title=f"throughput ({mode} scaling, {batch})")
+    b.set(xlabel="world size", ylabel="ms per step", xticks=worlds,
+          title="gradient communication busy time\nmeasured (solid) vs calibrated model (dashed)")
     a.legend()
-    b.legend(fontsize=7)
+    b.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

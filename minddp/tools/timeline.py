@@ -1,6 +1,6 @@
 """Overlap timeline: one training step per rank, as a Chrome/Perfetto trace and a PNG.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp timeline --out docs/timeline
+    torchrun --standalone --nproc_per_node=2 -m minddp timeline [--out outputs/timeline/timeline]
 
 runs a GPT step with overlap on and with overlap off and draws, per rank, forward and
 backward compute and every bucket's all-reduce from launch to completion, so you can see
@@ -44,7 +44,8 @@ def traced_step(model, opt, x) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="docs/timeline")
+    ap.add_argument("--out", default="outputs/timeline/timeline",
+                    help="prefix of the .json and .png (make docs: docs/timeline)")
     ap.add_argument("--bucket-mb", type=float, default=5.0)
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)

@@ -305,6 +305,26 @@ _SCHEMAS = {"train": TrainConfig, "ddp": DDPConfig, "mesh": MeshConfig, "wandb":
             "data": {"text": TextData, "tokens": TokensData, "synthetic": SyntheticData}}
 
 
+def unknown_key_hint(full_key: str) -> str:
+    """The fix for a key Hydra refused to override: the group option that has it ("add data=tokens"
+    for data.dir), else the closest key ("did you mean train.max_steps?")."""
+    section, _, key = full_key.partition(".")
+    schema = _SCHEMAS.get(section) if key else None
+    if schema is None:  # a misspelled section (trian.max_steps) or a top-level key
+        top = [f.name for f in dataclasses.fields(Config)]
+        close = difflib.get_close_matches(section, top, n=1)
+        return f"did you mean {close[0]}{'.' + key if key else ''}?" if close \
+            else f"there is {', '.join(top)}"
+    options = schema if isinstance(schema, dict) else {"": schema}
+    fields = {name: [f.name for f in dataclasses.fields(s)] for name, s in options.items()}
+    owners = [name for name, names in fields.items() if name and key in names]
+    if owners:
+        where = " and ".join(f"{section}={o}" for o in owners)
+        return f"it is a setting of {where}: add {section}={owners[0]}"
+    close = difflib.get_close_matches(key, sorted({k for names in fields.values() for k in names}), n=1)
+    return f"did you mean {section}.{close[0]}?" if close else "`python train.py --cfg job` lists them"
+
+
 def _unknown_keys(cfg):
     """A key no schema has: Hydra's `+train.foo=1` adds one even to a typed config, and a key
     that nothing reads is a typo, not a setting."""

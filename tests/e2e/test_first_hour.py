@@ -5,10 +5,12 @@ rewrite the repository."""
 
 import os
 import subprocess
+import sys
 
 import pytest
 
-from tests.launch import ROOT
+from tests.conftest import SMALL
+from tests.launch import ROOT, env_for, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -33,3 +35,65 @@ def test_prepares_default_output_folder_is_ignored_and_the_package_is_not():
     p = subprocess.run(["git", "check-ignore", "--no-index", "data/mine/train.bin",
                         "minddp/train/data/tokens.py"], cwd=ROOT, capture_output=True, text=True)
     assert p.stdout.split() == ["data/mine/train.bin"], p.stdout
+
+
+@pytest.mark.parametrize("typo,fix", [
+    ("train.max_stepz=5", "unknown key train.max_stepz (did you mean train.max_steps?)"),
+    ("data.dir=/somewhere", "unknown key data.dir (it is a setting of data=tokens: add data=tokens)"),
+    ("model=gtp", "Could not find 'model/gtp' (options: gpt, mlp)"),
+])
+def test_a_typo_is_one_line_with_the_fix_and_exit_2(tmp_path, typo, fix):
+    """Hydra's own advice (`+train.max_stepz=5`) only adds a key nothing reads: the first try gets the fix."""
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), typo], capture_output=True, text=True,
+                       env=env_for(tmp_path / "run"), cwd=tmp_path, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [f"[rank 0] minddp: configuration error: {fix}"], p.stderr
+    assert p.stdout == "" and not (tmp_path / "run").exists()
+
+
+def test_a_typo_under_torchrun_exits_2_on_every_rank(tmp_path):
+    """No rank killed (-15) before it reports: each waits for the others, then exits 2."""
+    p = subprocess.run(torchrun(2, ROOT / "train.py", "train.max_stepz=5"), capture_output=True, text=True,
+                       env=env_for(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    out = p.stdout + p.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] minddp: configuration error: unknown key train.max_stepz (did you mean " \
+               "train.max_steps?)" in out, out
+    assert out.count("exitcode  : 2") == 2 and "-15" not in out, out
+
+
+def test_help_cfg_and_sweeps_still_work(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "train.py"), *a], capture_output=True,  # noqa: E731
+                                    text=True, env=env_for(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    assert "powered by Hydra" in run("--help").stdout
+    job = run("--cfg", "job", "train.max_steps=7")
+    assert job.returncode == 0 and "max_steps: 7" in job.stdout, job.stderr
+    sweep = run("-m", *SMALL, "train.max_steps=1", "train.eval_every=0", "seed=1,2", "wandb.mode=disabled")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert len(list((tmp_path / "run").glob("*/metrics.jsonl"))) == 2
+    typo = run("-m", "train.max_stepz=1,2")
+    assert typo.returncode == 2 and typo.stderr.count("did you mean train.max_steps?") == 1, typo.stderr
+
+
+def test_studies_never_rewrite_the_repository(tmp_path):
+    """make timeline and make scaling write to outputs/; only make docs regenerates docs/."""
+    dry = lambda target: subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True,  # noqa: E731
+                                        text=True, timeout=60).stdout
+    for target in ("timeline", "scaling"):
+        assert "minddp" in dry(target) and "docs/" not in dry(target), dry(target)
+    assert "--out docs/timeline" in dry("docs") and "--out docs/scaling" in dry("docs")
+    study = tmp_path / "study"
+    for world in (1, 2):
+        run = study / f"ws{world}-cap25"
+        run.mkdir(parents=True)
+        row = ('"step_time_s": 0.5, "tokens_per_s": 100.0, "comm/busy_s": 0.01, '
+               '"comm/exposed_wait_s": 0.001, '
+               '"comm/bytes": 4e6, "comm/collectives": 4')
+        (run / "metrics.jsonl").write_text("".join(f'{{"step": {i}, {row}}}\n' for i in range(1, 7)))
+    status = ["git", "status", "--porcelain", "--", "docs"]
+    before = subprocess.check_output(status, cwd=ROOT, text=True)
+    p = subprocess.run([sys.executable, "-m", "minddp", "scaling", "--reuse", str(study), "--worlds", "1,2",
+                        "--caps", "25", "--warmup", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (study / "scaling.md").exists() and subprocess.check_output(status, cwd=ROOT, text=True) == before

@@ -69,3 +69,49 @@ def test_progress_on_a_non_terminal_says_the_first_step_and_elapsed_and_eta(tmp_
     assert len(lines) == 2, lines
     assert re.fullmatch(r"step 21/40 done elapsed 00:\d\d eta 00:\d\d", lines[0]), lines
     assert re.fullmatch(r"step 30/40 loss 2.0000 tok/s 100 elapsed 00:\d\d eta 00:\d\d", lines[1]), lines
+
+
+def _study(folder, caps, worlds=(1, 2)):
+    """An earlier study's run folders (what `minddp scaling --reuse` reads)."""
+    import json
+
+    from minddp.perf import study
+
+    for cap in caps:
+        for world in worlds:
+            run = folder / study.run_name("ddp", world, cap, 0)
+            run.mkdir(parents=True)
+            rows = [{"step": i + 1, "step_time_s": 0.5 * world, "tokens_per_s": 2000.0 / world,
+                     "comm/busy_s": 0.01 * world * cap, "comm/exposed_wait_s": 0.001, "comm/bytes": 4e6,
+                     "comm/collectives": 4} for i in range(6)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("mode,batch", [("strong", "fixed global batch"), ("weak", "fixed batch per rank")])
+def test_scaling_writes_into_its_study_and_its_plot_reads_at_a_glance(tmp_path, monkeypatch, drawn_figures,
+                                                                      mode, batch):
+    """Not into docs/ (make docs does that); the title says the mode that ran; one colour per cap for
+    measured and model; caps in numeric order."""
+    from minddp.tools import scaling
+
+    monkeypatch.chdir(tmp_path)  # where docs/scaling.* would have landed
+    monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1})
+    _study(tmp_path / "study", [1, 5, 25, 100])
+    scaling.main(["--reuse", str(tmp_path / "study"), "--worlds", "1,2", "--caps", "25,100,1,5",
+                  "--warmup", "1",
+                  "--mode", mode, "--calibration", str(tmp_path / "none.json")])
+    assert (tmp_path / "study" / "scaling.md").exists() and (tmp_path / "study" / "scaling.png").exists()
+    assert not (tmp_path / "docs").exists()
+    (fig,) = drawn_figures
+    throughput, busy = fig.axes
+    assert throughput.get_title() == f"throughput ({mode} scaling, {batch})"
+    assert [t.get_text() for t in throughput.get_legend().get_texts()] == [
+        "cap 1 MB", "cap 5 MB", "cap 25 MB", "cap 100 MB"]
+    assert [t.get_text() for t in busy.get_legend().get_texts()] == [
+        "cap 1 MB", "cap 5 MB", "cap 25 MB", "cap 100 MB"]  # 4 entries, not 8
+    lines = busy.get_lines()
+    measured, model = lines[0::2], lines[1::2]
+    assert [m.get_color() for m in measured] == [m.get_color() for m in model]  # a cap: one colour
+    assert len({m.get_color() for m in measured}) == 4
+    assert {m.get_linestyle() for m in measured} == {"-"} and {m.get_linestyle() for m in model} == {"--"}
+    assert "measured (solid) vs calibrated model (dashed)" in busy.get_title()
