@@ -28,25 +28,11 @@ import torch.distributed as dist
 from ..comm import collectives
 
 
-def all_reduce_async(tensor: torch.Tensor, group, reduce_op: str,
-                     prescaled: bool = False) -> torch.futures.Future:
-    """Start an in-place all-reduce of `tensor`; "avg" is torch DDP's: multiply by 1/size of the
-    group, then SUM (never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out NVLS on
-    NVSwitch machines and sums in another order than torch DDP). The pre-division also keeps
-    fp16 from overflowing. `prescaled`: the 1/size was applied already (fused into the copy of
-    each gradient into its bucket, minddp.engine.reductions), so no pass over the bucket here.
-
-    The future is torch's own (its value is `[tensor]`): no Python callback is
-    chained here, because each one costs a GIL round trip on the comm thread.
-    """
-    return all_reduce_work(tensor, group, reduce_op, prescaled).get_future()
-
-
-def all_reduce_work(tensor: torch.Tensor, group, reduce_op: str, prescaled: bool = False) -> dist.Work:
-    """As all_reduce_async, returning the Work (whose wait() orders the waiting CUDA stream after
-    the collective's own end event, without recording the tensor on that stream)."""
-    if reduce_op == "avg" and not prescaled:
-        tensor.mul_(1.0 / dist.get_world_size(group))  # torch's reducer: mul by the reciprocal
+def all_reduce_work(tensor: torch.Tensor, group) -> dist.Work:
+    """Start an in-place SUM all-reduce of `tensor` (the average's 1/n applied before it, by
+    `BucketReducer.pre_divide`) and return the Work, whose wait() orders the waiting CUDA stream
+    after the collective's own end event, without recording the tensor on that stream. Its future
+    is torch's own (value `[tensor]`): no Python callback is chained (a GIL round trip each)."""
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
 
@@ -82,6 +68,8 @@ class BucketReducer:
             raise ValueError(f"algorithm must be one of {tuple(ALGORITHMS)}, got {algorithm!r}")
         self.group, self.reduce_op, self.algorithm = group, reduce_op, algorithm
         self.world = dist.get_world_size(group)
+        # the average's 1/n, the one place it is decided (see pre_divide)
+        self.average = 1.0 / self.world if reduce_op == "avg" else None
         self._run = ALGORITHMS[algorithm]
         self._target = (collectives.NodeGroups(group, ranks_per_node)
                         if algorithm == "hierarchical" else group)
@@ -91,12 +79,25 @@ class BucketReducer:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._work = None  # the last native collective's Work, until take_work()
 
+    def pre_divide(self, tensor: torch.Tensor) -> None:
+        """torch DDP's average, applied before a SUM: x * (1/n) (a sparse gradient x / n, as
+        torch's reducer). Never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out
+        NVLS on NVSwitch machines and sums in another order than torch DDP; dividing first also
+        keeps fp16 from overflowing. The engine fuses the same factor into the copy of each fresh
+        gradient into its bucket (minddp.engine.reductions), then skips this (`prescaled`)."""
+        if self.average is None:
+            return
+        if tensor.is_sparse:
+            tensor.div_(self.world)
+        else:
+            tensor.mul_(self.average)
+
     def __call__(self, tensor: torch.Tensor, prescaled: bool = False) -> torch.futures.Future:
+        if not prescaled:
+            self.pre_divide(tensor)
         if self._run is None:
-            self._work = all_reduce_work(tensor, self.group, self.reduce_op, prescaled)
+            self._work = all_reduce_work(tensor, self.group)
             return self._work.get_future()
-        if self.reduce_op == "avg" and not prescaled:  # as all_reduce_async: scale, then SUM
-            tensor.mul_(1.0 / self.world)
         if not tensor.is_cuda:
             return self._submit(torch.futures.Future(), tensor, None, None)
         stream = self._streams.setdefault(tensor.device, torch.cuda.Stream(tensor.device))

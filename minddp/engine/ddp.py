@@ -29,7 +29,8 @@ That is when the step's gradient is final. `on_reduced(fn)` callbacks run with b
 bucket b's wait (minddp.optim.overlap steps bucket b there); `on_rebuild(fn)` before a rebuild.
 
 Beside the iteration, each seam is the reducer's client through public methods: how a bucket
-is reduced (`reducer.reduction`, minddp.engine.reductions), what is recorded (`observer`),
+is reduced (`reducer.reduction`, minddp.engine.reductions; the average's 1/n is decided in one
+place, `BucketReducer.pre_divide`, and fused into each fresh gradient's copy), what is recorded (`observer`),
 usage flags (minddp.engine.usage), uneven inputs (minddp.engine.join), pickling
 (minddp.engine.pickling). The constructor's arguments and what a script reads beside the step:
 minddp.engine.ddp_api.

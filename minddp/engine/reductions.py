@@ -60,11 +60,11 @@ class Reduction:
         place), so every element of bucket b carries the 1/n once; then forget the marks."""
         bucket, n = self.layout.buckets[b], self._scaled_in[b]
         if n == 0:
-            bucket.buffer.mul_(self.prescale)
+            self.reducer.pre_divide(bucket.buffer)
             return
         for i in bucket.param_ids:  # the usage-flag tail stays unscaled: only nonzero matters there
             if not self._scaled[i]:
-                self.layout.views[i].mul_(self.prescale)
+                self.reducer.pre_divide(self.layout.views[i])
             self._scaled[i] = False
         self._scaled_in[b] = 0
 
@@ -107,9 +107,7 @@ class Reduction:
     def launch_sparse(self, b: int, grad: torch.Tensor):
         """A sparse gradient is its own bucket (torch's rule): divided by the world size, then
         summed as it is (gloo's sparse all-reduce), in place."""
-        if self.reducer.reduce_op == "avg":
-            grad.div_(self.reducer.world)  # torch's reducer: div_ by the group size, then SUM
-        return self.reducer(grad, prescaled=True)
+        return self.reducer(grad)  # pre_divide: div_ by the group size, then SUM (torch's reducer)
 
 
 class AllReduce(Reduction):
@@ -119,7 +117,7 @@ class AllReduce(Reduction):
 
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
         super().__init__(reducer, params)
-        self.prescale = 1.0 / reducer.world if reducer.reduce_op == "avg" else None
+        self.prescale = reducer.average
 
     def _reduce(self, b: int, buffer: torch.Tensor):
         if self.prescale is None or buffer is not self.layout.buckets[b].buffer:  # (join's zeros)
@@ -186,10 +184,9 @@ class ReduceScatter(Reduction):
     def __init__(self, reducer: BucketReducer, params: list[torch.Tensor]):
         super().__init__(reducer, params)
         self.pad_to = dist.get_world_size(reducer.group)
-        self.avg = reducer.reduce_op == "avg"
         # every element of a rank's bucket goes into some rank's shard sum: all of it is scaled
         # first, torch DDP's order; mostly inside the copy of each gradient into the bucket (copy_in)
-        self.prescale = 1.0 / self.reducer.world if self.avg else None
+        self.prescale = reducer.average
 
     def bind(self, layout) -> None:
         super().bind(layout)
@@ -203,10 +200,10 @@ class ReduceScatter(Reduction):
                                          if id(p) not in flat and n not in ignored]
 
     def _reduce(self, b: int, buffer: torch.Tensor):
-        if self.avg and buffer is self.layout.buckets[b].buffer:  # torch DDP's average: 1/n, then SUM
+        if self.prescale is not None and buffer is self.layout.buckets[b].buffer:  # 1/n, then SUM
             self.scale_rest(b)
-        elif self.avg:
-            buffer.mul_(self.prescale)
+        else:
+            self.reducer.pre_divide(buffer)
         return collectives.reduce_scatter_in_place(buffer, self.reducer.group, dist.ReduceOp.SUM)
 
     def finish(self, b: int, result) -> int:  # in place: the shard already holds its average
