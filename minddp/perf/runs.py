@@ -1,30 +1,56 @@
-"""Trainer runs read back from their folders (`minddp report` and its W&B report run are the
-front ends): the rows of a metrics.jsonl, a run's world size and config, the keys a sweep
-varied, the scaling efficiency between runs, and the series the report plots. Files only:
-nothing of the trainer is imported.
+"""Trainer runs read back from their folders (`minddp report` and its W&B report run, and
+`minddp scaling --reuse`, are the front ends): the rows of a metrics.jsonl, a run's world size
+and config, the keys a sweep varied, the scaling efficiency between runs, and the series the
+report plots. Files only: nothing of the trainer is imported.
 
 A run is a folder with a `metrics.jsonl`; its `run.json` (written by rank 0 at start-up) gives
 the world size and the resolved config (`.hydra/config.yaml` is the fallback); the keys set on
-its command line are in `.hydra/overrides.yaml`.
+its command line are in `.hydra/overrides.yaml`. `read_run` is the one reader: a torn or blank
+line is skipped (one warning), a run whose files cannot be read as a run is a `BadRun` that
+names it and why, so a front end reports the others.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import yaml
 
 from .costmodel import Calibration
-from .study import calibration, predicted_comm
 
 IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl that a run wrote: a dict with an integer step. Anything
-    else is skipped, and said in one line."""
+class BadRun(ValueError):
+    """A folder whose files cannot be read as a run (they parse but have the wrong shape, or
+    none of its rows is a row): the message names the folder and why, in one line."""
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The folders under `folder` that hold a metrics.jsonl (a dangling link too: it is named,
+    not passed over)."""
+    return sorted(Path(top) for top, _, files in os.walk(folder) if "metrics.jsonl" in files)
+
+
+def read_run(run_dir: Path, tool: str = "minddp report") -> dict:
+    """A run folder, read once for `minddp report` (and its W&B run) and `minddp scaling
+    --reuse`: its rows, world size, config, identity and the keys its command line set.
+    Malformed rows are skipped with one warning; a run that cannot be read raises BadRun."""
+    try:
+        rows = read_rows(run_dir / "metrics.jsonl", tool)
+    except OSError as e:  # a dangling link, a folder, no permission
+        raise BadRun(f"{run_dir}: metrics.jsonl cannot be read ({e.strerror or e})") from None
+    if not rows:
+        raise BadRun(f"{run_dir}: metrics.jsonl has no rows")
+    return {"rows": rows, **read_info(run_dir), "set": set_keys(run_dir)}
+
+
+def read_rows(path: Path, tool: str = "minddp report") -> list[dict]:
+    """The rows of a metrics.jsonl that a run wrote: a dict with an integer step. Blank lines
+    are skipped; anything else too, and said in one line."""
     rows, bad = [], []
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
@@ -33,44 +59,59 @@ def read_rows(path: Path) -> list[dict]:
             row = json.loads(line)
         except ValueError:
             row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+        if isinstance(row, dict) and _whole(row.get("step"), 0):
             rows.append(row)
         else:
             bad.append(n)
     if bad:
-        print(f"minddp report: warning: {path}: skipped {len(bad)} malformed row(s) (line "
+        print(f"{tool}: warning: {path}: skipped {len(bad)} malformed row(s) (line "
               f"{', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''})", file=sys.stderr)
     return rows
 
 
 def read_info(run_dir: Path) -> dict:
-    """World size and config: run.json, else .hydra/config.yaml (world 1), else nothing."""
+    """World size, config and identity: run.json, else .hydra/config.yaml (world 1), else blank."""
     info_path, hydra = run_dir / "run.json", run_dir / ".hydra" / "config.yaml"
-    try:
-        if info_path.exists():
-            info = json.loads(info_path.read_text())
-            if isinstance(info, dict) and isinstance(info.get("config", {}), dict):
-                return {"world_size": info.get("world_size", 1), "config": info.get("config", {}),
-                        "identity": {k: v for k, v in info.items() if k not in ("config", "data")}}
-        elif hydra.exists():
-            return {"world_size": 1, "config": yaml.safe_load(hydra.read_text()) or {}, "identity": {}}
-    except (ValueError, yaml.YAMLError, UnicodeDecodeError):
-        pass
-    if info_path.exists() or hydra.exists():
-        print(f"minddp report: warning: {run_dir}: unreadable run.json/.hydra/config.yaml; "
-              "its config is left blank", file=sys.stderr)
+    if info_path.exists() or info_path.is_symlink():
+        info = _parsed(run_dir, "run.json", json.loads)
+        if not isinstance(info, dict) or not isinstance(info.get("config", {}), dict):
+            raise BadRun(f"{run_dir}: run.json is not minddp's (an object whose config is an object)")
+        world, config = info.get("world_size", 1), info.get("config", {})
+        if not _whole(world, 1):
+            raise BadRun(f"{run_dir}: run.json's world_size must be a whole number >= 1, got {world!r}")
+        return {"world_size": world, "config": config,
+                "identity": {k: v for k, v in info.items() if k not in ("config", "data")}}
+    if hydra.exists() or hydra.is_symlink():
+        config = _parsed(run_dir, ".hydra/config.yaml", yaml.safe_load)
+        if not isinstance(config, (dict, type(None))):
+            raise BadRun(f"{run_dir}: .hydra/config.yaml holds a {type(config).__name__}, not a mapping")
+        return {"world_size": 1, "config": config or {}, "identity": {}}
     return {"world_size": 1, "config": {}, "identity": {}}
 
 
 def set_keys(run_dir: Path) -> set[str]:
     """The keys set on this run's command line (`model=mlp` sets model.name)."""
     path = run_dir / ".hydra" / "overrides.yaml"
-    try:
-        items = yaml.safe_load(path.read_text()) if path.exists() else []
-    except (yaml.YAMLError, UnicodeDecodeError):
-        items = []
+    items = _parsed(run_dir, ".hydra/overrides.yaml", yaml.safe_load) if path.exists() else []
+    if not isinstance(items, (list, type(None))):
+        raise BadRun(f"{run_dir}: .hydra/overrides.yaml holds a {type(items).__name__}, not a list")
     keys = {str(o).lstrip("+~").split("=", 1)[0] for o in items or [] if "=" in str(o)}
     return keys | {f"{k}.name" for k in keys if "." not in k}
+
+
+def _parsed(run_dir: Path, name: str, parse):
+    """A run file parsed, or BadRun naming it."""
+    try:
+        return parse((run_dir / name).read_text())
+    except OSError as e:  # a folder in its place, a dangling link
+        raise BadRun(f"{run_dir}: {name} cannot be read ({e.strerror or e})") from None
+    except (ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadRun(f"{run_dir}: {name} does not parse ({str(e).splitlines()[0][:120]})") from None
+
+
+def _whole(value, least: int) -> bool:
+    """An int (not a bool) >= least."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def swept_keys(runs: list[dict]) -> list[str]:
@@ -123,6 +164,7 @@ def series(runs: list[dict], swept: list[str]) -> dict[str, list[dict]]:
 
 def predicted_busy(r: dict, cal: Calibration) -> float | None:
     """The cost model's busy time for this run's buckets (equal shares of its measured bytes)."""
+    from .study import predicted_comm  # here: the study reads its runs with this module
     if r["step_s"] is None:
         return None
     count, nbytes = r["last"].get("comm/collectives") or 0, r["last"].get("comm/bytes") or 0
@@ -135,6 +177,8 @@ def predicted_busy(r: dict, cal: Calibration) -> float | None:
 def lines(runs: list[dict], swept: list[str]) -> dict[str, tuple[list, list, list[str]]]:
     """Plot name -> (xs per line, ys per line, line names): what the W&B report run's charts draw,
     against the world size, a line per value of the other swept keys."""
+    from .study import calibration  # here: the study reads its runs with this module
+
     cal, out = calibration(), {}
 
     def add(plot, name, rs, value):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..engine.buckets import TensorSpec
 from .calibration import UNDER_CAPS
 from .costmodel import PRESETS, Calibration, predict_ddp_comm
 from .jobs import ROOT, launch, run_job
+from .runs import BadRun, read_run
 from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, overrides
 
 STUDY_GPT = GPT_PRESETS[STUDY]
@@ -76,7 +78,7 @@ def collect(args, variants, worlds, caps, out_dir: Path, group: str) -> dict:
     for k, jobs in enumerate(plan(variants, worlds, caps, args.repeats)):
         for v, w, c in jobs:
             run_dir = out_dir / run_name(v, w, c, k)
-            if args.reuse and not (run_dir / "metrics.jsonl").exists():
+            if args.reuse and not (run_dir / "metrics.jsonl").exists() and not run_dir.exists():
                 continue  # an earlier study without this variant or repeat
             if not args.reuse:
                 print(f"repeat {k + 1}/{args.repeats}: {v}, world {w}, bucket cap {c:g} MB ...", flush=True)
@@ -84,18 +86,45 @@ def collect(args, variants, worlds, caps, out_dir: Path, group: str) -> dict:
                 run(run_dir, w, c, args.steps, group, MODEL + VARIANTS[v] + mode + args.overrides)
                 # the machine's load as the run ended: others share these cores
                 (run_dir / "load.json").write_text(json.dumps({"loadavg_1min": os.getloadavg()[0]}))
-            runs.setdefault((v, w, c), []).append(summarize(run_dir, args.warmup))
+            try:
+                summary = summarize(run_dir, args.warmup)
+            except BadRun as e:  # named, and the study goes on with the others
+                print(f"minddp scaling: warning: skipped {e}", file=sys.stderr)
+                continue
+            runs.setdefault((v, w, c), []).append(summary)
+    if not runs:
+        raise SystemExit(f"minddp scaling: error: no run of the study under {out_dir} could be read")
     return runs
 
 
 def summarize(run_dir: Path, warmup: int) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
-    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
-    load = run_dir / "load.json"
-    return {"load": json.loads(load.read_text())["loadavg_1min"] if load.exists() else None,
-            "step_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
+    """The medians of a run's rows after the warm-up (runs.read_run reads the folder; BadRun
+    where the folder, or what the warm-up leaves of it, is no run to measure)."""
+    every = read_run(run_dir, "minddp scaling")["rows"]
+    rows = every[warmup:]
+    if not rows:
+        raise BadRun(f"{run_dir}: --warmup {warmup} leaves none of its {len(every)} rows; give a smaller "
+                     "--warmup")
+
+    def med(key):
+        values = [r[key] for r in rows if type(r.get(key)) in (int, float)]
+        if not values:
+            raise BadRun(f"{run_dir}: no row after the warm-up has a number for {key}")
+        return statistics.median(values)
+
+    last = rows[-1]
+    return {"load": _load_average(run_dir), "step_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
             "busy_s": med("comm/busy_s"), "exposed_s": med("comm/exposed_wait_s"),
-            "bytes": rows[-1]["comm/bytes"], "collectives": rows[-1]["comm/collectives"]}
+            "bytes": last.get("comm/bytes", 0), "collectives": last.get("comm/collectives", 0)}
+
+
+def _load_average(run_dir: Path) -> float | None:
+    """The machine's load as the run ended (load.json), where it was recorded and is readable."""
+    try:
+        load = json.loads((run_dir / "load.json").read_text())["loadavg_1min"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return load if isinstance(load, (int, float)) else None
 
 
 def combine(runs: list[dict]) -> dict:

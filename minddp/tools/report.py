@@ -19,34 +19,36 @@ logged, the busy fraction of communication, and the spread of the ranks' step ti
 slowest rank (train.check_every). The plot: tokens/s per world size, and every run's loss
 curve. Writes DIR/report.md and DIR/report.png; with --wandb also a W&B run of job_type
 report in the study's group (minddp.tools.wandb_report). A malformed row of a metrics.jsonl
-(a torn line, hand edits) is skipped with a one-line warning. Reading the folders and the
-analysis are minddp/perf/runs.py.
+(a torn line, hand edits) is skipped with a one-line warning; a run whose files cannot be read
+as a run (a run.json whose world_size is not a whole number, an empty metrics.jsonl, ...) is one
+line naming it and why, and the others are reported. Reading the folders and the analysis are
+minddp/perf/runs.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 from pathlib import Path
 
 from ..perf.plot import pyplot
-from ..perf.runs import add_efficiency, read_info, read_rows, series, set_keys, swept_keys
+from ..perf.runs import BadRun, add_efficiency, read_run, run_folders, series, swept_keys
 from ..train.metrics import summary as steady
 from ..train.resume.check import flatten
 from . import render
 
 
-def load_run(run_dir: Path) -> dict | None:
-    rows = read_rows(run_dir / "metrics.jsonl")
-    if not rows:
-        return None
-    info = read_info(run_dir)
+def load_run(run_dir: Path) -> dict:
+    """One run's numbers for the table (raises BadRun for a run that cannot be read)."""
+    info = read_run(run_dir)
+    rows = info["rows"]
     keys = {"world_size": info["world_size"], **flatten(info["config"])}
     s = steady.summary(rows)  # what summary.json and W&B's summary hold (MFU > 100%: not shown)
     curve = [(r["step"], r["loss"]) for r in rows if steady.number(r.get("loss"))]
     mode = info["identity"].get("scaling") or keys.get("train.scaling") or "strong"
-    return {"dir": run_dir, "keys": keys, "set": set_keys(run_dir), "identity": info["identity"],
+    return {"dir": run_dir, "keys": keys, "set": info["set"], "identity": info["identity"],
             "summary": s, "scaling": mode, "step_s": s.get("step_time_s"),
             "tokens_per_s": s.get("tokens_per_s"), "exposed": s.get("comm/exposed_fraction"),
             "loss": s.get("loss"), "val_loss": s.get("val_loss"),
@@ -114,9 +116,20 @@ def plot(runs: list[dict], swept: list[str], png: Path, folder: Path = Path(".")
     plt.close(fig)
 
 
+def load_runs(folder: Path) -> list[dict]:
+    """Every run under the folder; one that cannot be read is one line naming it and why."""
+    runs = []
+    for run_dir in run_folders(folder):
+        try:
+            runs.append(load_run(run_dir))
+        except BadRun as e:
+            print(f"minddp report: warning: skipped {e}", file=sys.stderr)
+    return runs
+
+
 def report(folder, out=None, to_wandb: bool = False) -> str:
     folder = Path(folder)
-    runs = [r for p in sorted(folder.rglob("metrics.jsonl")) if (r := load_run(p.parent))]
+    runs = load_runs(folder)
     if not runs:
         raise SystemExit(f"minddp report: error: no run (a folder with a metrics.jsonl that has rows) "
                          f"under {folder}")

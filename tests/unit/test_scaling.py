@@ -33,8 +33,9 @@ def test_repeats_give_medians_and_spreads():
 
 def _fake(run_dir, busy_s, collectives=4, nbytes=40e6):
     run_dir.mkdir(parents=True)
-    rows = [{"step_time_s": 0.5, "tokens_per_s": 2000.0, "comm/busy_s": busy_s, "comm/exposed_wait_s": 0.01,
-             "comm/bytes": nbytes, "comm/collectives": collectives} for _ in range(6)]
+    rows = [{"step": i + 1, "step_time_s": 0.5, "tokens_per_s": 2000.0, "comm/busy_s": busy_s,
+             "comm/exposed_wait_s": 0.01, "comm/bytes": nbytes, "comm/collectives": collectives}
+            for i in range(6)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
