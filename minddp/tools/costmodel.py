@@ -10,7 +10,9 @@ cases in words in minddp/perf/explain.py.
 from __future__ import annotations
 
 import argparse
+import math
 
+from ..errors import ConfigError
 from ..perf import costmodel as cm
 from ..perf.costmodel import DTYPE_BYTES, PRESETS, Calibration, Fabric, inter_node_bytes  # noqa: F401
 from ..perf.explain import (  # noqa: F401  (0.3's minddp.costmodel names, minddp/_moved.py)
@@ -66,8 +68,30 @@ def _fabric(args) -> Fabric:
     return Fabric(args.alpha_us * 1e-6, args.beta_gbs * 1e9, "given")
 
 
+# option -> the least value it takes and whether that value itself is allowed (NaN and inf never)
+LIMITS = {"size": (0, False), "params": (0, False), "nodes": (1, True), "per_node": (1, True), "n": (1, True),
+          "world": (1, True), "alpha_us": (0, True), "beta_gbs": (0, False), "bucket_mb": (0, False),
+          "compute_ms": (0, True)}
+
+
+def input_problem(args) -> str | None:
+    """The first option no network or model can have (a size of 0, a world of -2, a NaN
+    bandwidth), named with what it takes; None when all are possible."""
+    for key, (least, allowed) in LIMITS.items():
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        ok = math.isfinite(value) and (value >= least if allowed else value > least)
+        if not ok:
+            return (f"--{key.replace('_', '-')} {value:g} is not possible: it must be a finite number "
+                    f"{'>=' if allowed else '>'} {least}")
+    return None
+
+
 def main(argv=None) -> None:
     args = _parser().parse_args(argv)
+    if (problem := input_problem(args)) is not None:
+        raise ConfigError(problem)  # one line and exit 2 (minddp.tools.main)
     if args.cmd == "hier":
         print(explain_hierarchical(args.size, args.nodes, args.per_node))
         return

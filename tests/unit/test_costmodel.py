@@ -212,3 +212,27 @@ def test_committed_calibration_agrees_with_make_bench_on_the_bucket_cap():
     cap, _ = cm.best_bucket_mb(10.8e6, 4, 2, cal.fabric.alpha, cal.fabric.beta, backward,
                                candidates=sorted(step_ms), calibration=cal, tensor_bytes=43.2e6 / 76)
     assert step_ms[cap] <= 1.03 * min(step_ms.values()), (cap, step_ms)
+
+
+@pytest.mark.parametrize("argv,says", [
+    ("allreduce --size 0 --n 4 --preset ib-ndr", "--size 0 is not possible: it must be a finite number > 0"),
+    ("allreduce --size=-5MB --n 4 --preset ib-ndr", "--size -5e+06 is not possible"),
+    ("allreduce --size 1MB --n 0 --preset ib-ndr", "--n 0 is not possible: it must be a finite number >= 1"),
+    ("ddp --params 124M --world -2 --preset ib-ndr", "--world -2 is not possible"),
+    ("ddp --params 0 --world 8 --preset ib-ndr", "--params 0 is not possible"),
+    ("ddp --params 124M --world 8 --bucket-mb 0 --preset ib-ndr", "--bucket-mb 0 is not possible"),
+    ("ddp --params 124M --world 8 --alpha-us 5 --beta-gbs 0", "--beta-gbs 0 is not possible"),
+    ("ddp --params 124M --world 8 --alpha-us nan --beta-gbs 5", "--alpha-us nan is not possible"),
+    ("zero --params 124M --world 8 --alpha-us 5 --beta-gbs -1", "--beta-gbs -1 is not possible"),
+    ("zero --params 124M --world 8 --preset ib-ndr --compute-ms inf", "--compute-ms inf is not possible"),
+    ("tree --n 0 --preset ib-ndr", "--n 0 is not possible"),
+    ("hier --nodes 0 --per-node 8 --size 1GB", "--nodes 0 is not possible"),
+    ("hier --nodes 2 --per-node -8 --size 1GB", "--per-node -8 is not possible"),
+])
+def test_impossible_sizes_world_sizes_and_bandwidths_are_one_line_exit_2(argv, says, capsys):
+    """Issue 45.10: each was a traceback (ZeroDivisionError, ValueError) or a number that means nothing."""
+    from minddp.tools import main as tools_main
+    from tests.conftest import main_exit
+
+    code, err = main_exit(tools_main, capsys, "costmodel", *argv.split())
+    assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err, err
