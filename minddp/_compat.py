@@ -182,3 +182,8 @@ def dynamo_one_graph():
 def in_backward() -> bool:
     """Is a backward pass running on this thread (a checkpoint's recomputation calls forward there)?"""
     return torch._C._current_graph_task_id() != -1
+
+
+def is_future(value) -> bool:
+    """A torch future of any origin (a collective's Work.get_future() is the C++ class itself)."""
+    return isinstance(value, torch._C.Future)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import _compat
 from ..comm import collectives
 
 
@@ -175,7 +176,7 @@ def returning_future(hook):
     @functools.wraps(hook)  # the hook's own name: _get_ddp_logging_data()["comm_hook"]
     def run(state, bucket):
         fut = hook(state, bucket)
-        if not isinstance(fut, torch._C.Future):
+        if not _compat.is_future(fut):
             kind = type(fut)
             raise RuntimeError("DDP communication hook's callback must return a torch.futures.Future "
                                f"object, but got {kind.__module__}.{kind.__qualname__}")
