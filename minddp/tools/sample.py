@@ -24,7 +24,7 @@ import sys
 import torch
 
 from ..errors import ConfigError
-from ..train.generate import Codec, SampleError, codec_for, generate, load
+from ..train.generate import Codec, SampleError, check_pairing, codec_for, generate, load
 
 
 def check_args(args) -> None:
@@ -86,13 +86,17 @@ def main(argv=None) -> None:
         print(f"minddp sample: loading the model from {args.target} ...", file=sys.stderr, flush=True)
         model, cfg, run_dir = load(args.target, warn)
         codec, note = codec_for(cfg, run_dir, args.data)
+        pairing = check_pairing(codec, cfg, args.data or cfg["data"].get("dir")) if codec else ""
         ids = prompt_ids(args, codec, cfg)
     except (SampleError, ConfigError) as e:  # ConfigError: a checkpoint that cannot be used
         print(f"minddp sample: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"minddp sample: generating {args.tokens} tokens ({sum(p.numel() for p in model.parameters()):,} "
           "parameters, cpu) ...", file=sys.stderr, flush=True)
-    out = generate(model, ids, args.tokens, args.temperature, args.top_k, cfg["model"]["block_size"])
+    if pairing:
+        print(f"minddp sample: {pairing}", file=sys.stderr)
+    out = generate(model, ids, args.tokens, args.temperature, args.top_k, cfg["model"]["block_size"],
+                   codec.size if codec else None)
     if codec is None:
         print(note, file=sys.stderr)
         print(" ".join(map(str, ids + out)))

@@ -33,13 +33,13 @@ class SampleError(ValueError):
 class Codec:
     """encode(str) -> ids, decode(ids) -> str, for the tokenizer a run trained with."""
 
-    def __init__(self, encode, decode, name: str):
-        self.encode, self.decode, self.name = encode, decode, name
+    def __init__(self, encode, decode, name: str, size: int):
+        self.encode, self.decode, self.name, self.size = encode, decode, name, size  # size: ids 0..size-1
 
     @classmethod
     def bytes(cls) -> "Codec":
         return cls(lambda s: list(s.encode()), lambda ids: bytes(ids).decode("utf-8", errors="replace"),
-                   "bytes")
+                   "bytes", 256)
 
     @classmethod
     def for_folder(cls, folder: Path) -> "Codec | None":
@@ -52,9 +52,12 @@ class Codec:
         except ConfigError as e:
             raise SampleError(str(e)) from None
         if "stoi" in meta and "itos" in meta:  # nanoGPT's character-level datasets
-            stoi, itos = meta["stoi"], meta["itos"]
+            stoi = meta["stoi"]
+            itos = meta["itos"]  # a dict, or a list (both load in the trainer)
+            itos = dict(enumerate(itos)) if isinstance(itos, list) else itos
             return cls(lambda s: [stoi[c] for c in s if c in stoi],
-                       lambda ids: "".join(itos.get(i, "\ufffd") for i in ids), "chars (meta.pkl)")
+                       lambda ids: "".join(itos.get(i, "\ufffd") for i in ids), "chars (meta.pkl)",
+                       max(itos, default=-1) + 1)
         if meta.get("tokenizer") == "bytes":
             return cls.bytes()
         return None
@@ -74,7 +77,8 @@ class Codec:
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception on a bad file
             raise SampleError(f"{path} is neither minddp's bytes marker nor a Hugging Face tokenizers "
                               f"file ({e})") from None
-        return cls(lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), "bpe (tokenizer.json)")
+        return cls(lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), "bpe (tokenizer.json)",
+                   tok.get_vocab_size())
 
 
 def data_folder(data_cfg: dict, run_dir: Path, override: str | None) -> Path:
@@ -149,7 +153,28 @@ def load(target, warn=None) -> tuple[torch.nn.Module, dict, Path]:
         raise SampleError(f"{path}: its weights do not fit the model its config describes "
                           f"({type(e).__name__}: {why})") from None
     cfg["model"]["vocab_size"] = vocab  # the embedding's, whatever the saved config says
+    cfg["data_info"] = state.get("data") if isinstance(state.get("data"), dict) else {}  # what it trained on
     return model.eval(), cfg, path.parent.parent
+
+
+def check_pairing(codec: Codec, cfg: dict, folder: str) -> str:
+    """Before generating: the tokenizer must be the one the model trained with. Refused (one
+    line) when it has ids the model lacks, or a vocabulary other than the one the run read
+    from its data (a folder re-prepared with another tokenizer since); a model vocabulary
+    padded past the tokenizer's (model.vocab_size=512 on bytes, GPT-2's 50304) samples only
+    ids the tokenizer can decode: returns that note, else ''."""
+    model_vocab, trained = cfg["model"]["vocab_size"], cfg.get("data_info") or {}
+    fix = f"pass --data with the folder it trained on ({folder} now holds another tokenizer?)"
+    if codec.size > model_vocab:
+        raise SampleError(f"the tokenizer ({codec.name}) has {codec.size} ids, the model only {model_vocab}: "
+                          f"not the tokenizer it trained with; {fix}")
+    source, data_vocab = trained.get("vocab_source"), trained.get("vocab_size")
+    if source and source != "model.vocab_size" and data_vocab not in (None, codec.size):
+        raise SampleError(f"the tokenizer ({codec.name}) has {codec.size} ids, the run trained on a "
+                          f"vocabulary of {data_vocab} ({source}); {fix}")
+    if codec.size < model_vocab:
+        return f"sampling only the tokenizer's {codec.size} ids of the model's {model_vocab}"
+    return ""
 
 
 class _Cfg(dict):
@@ -160,10 +185,11 @@ class _Cfg(dict):
 
 @torch.no_grad()
 def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             block_size: int = 128) -> list[int]:
+             block_size: int = 128, vocab: int | None = None) -> list[int]:
+    """`tokens` ids after the prompt; `vocab`: only ids below it (those the tokenizer decodes)."""
     x = torch.tensor([ids or [0]], dtype=torch.long)
     for _ in range(tokens):
-        logits = model(x[:, -block_size:])[:, -1, :].float()
+        logits = model(x[:, -block_size:])[:, -1, :vocab].float()
         if temperature <= 0:
             nxt = logits.argmax(-1, keepdim=True)
         else:

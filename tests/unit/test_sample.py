@@ -152,3 +152,55 @@ def test_a_junk_newest_checkpoint_falls_back_to_the_previous_one_and_says_so(tmp
     code, out, err = run(capsys, junk)  # the file itself: nothing to fall back to
     assert code == 2 and out == "" and f"minddp sample: error: checkpoint {junk} is unreadable" in err
     assert "Traceback" not in err
+
+
+def _with_data_info(run_dir, **data):
+    """The checkpoint as the trainer writes it: what the run read from its data beside the config."""
+    path = run_dir / "checkpoints" / "ckpt_00000001.pt"
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "data": data}, path)
+    return run_dir
+
+
+def _bytes_folder(folder):
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(json.dumps({"type": "bytes", "vocab_size": 256}))
+    return folder
+
+
+def test_a_model_vocabulary_padded_past_the_bytes_samples_only_bytes(tmp_path, capsys):
+    """model.vocab_size=512 on byte data: before, bytes() of an id >= 256 after generating (exit 1)."""
+    run_dir = _with_data_info(fake_run(tmp_path / "run", _bytes_folder(tmp_path / "data"), 512),
+                              vocab_size=512, vocab_source="model.vocab_size")
+    code, out, err = run(capsys, run_dir, "--prompt", "ab", "--tokens", "200", "--temperature", "2",
+                         "--top-k", "0")
+    assert code == 0 and out.startswith("ab"), err
+    assert "sampling only the tokenizer's 256 ids of the model's 512" in err
+
+
+def test_a_data_folder_re_prepared_with_another_tokenizer_is_refused_before_generating(tmp_path, capsys):
+    """A BPE run (a vocabulary of 1000 from its meta.pkl) whose folder now holds bytes."""
+    run_dir = _with_data_info(fake_run(tmp_path / "run", _bytes_folder(tmp_path / "data"), 1000),
+                              vocab_size=1000, vocab_source="meta.pkl")
+    code, out, err = run(capsys, run_dir, "--prompt", "ab", "--tokens", "5")
+    assert code == 2 and out == "" and "generating" not in err, err
+    assert "the tokenizer (bytes) has 256 ids, the run trained on a vocabulary of 1000 (meta.pkl)" in err
+    assert "pass --data with the folder it trained on" in err and err.count("\n") == 2  # loading + the error
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
+    run_dir = fake_run(tmp_path / "run", _bytes_folder(tmp_path / "data"), 100)
+    code, _, err = run(capsys, run_dir, "--prompt", "ab", "--tokens", "5")
+    assert code == 2 and "the tokenizer (bytes) has 256 ids, the model only 100" in err, err
+
+
+def test_a_char_vocabulary_whose_itos_is_a_list_decodes(tmp_path, capsys):
+    chars = "abcdefgh \n"
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with open(folder / "meta.pkl", "wb") as f:  # the trainer accepts it (only vocab_size is read)
+        pickle.dump({"vocab_size": len(chars), "itos": list(chars),
+                     "stoi": {c: i for i, c in enumerate(chars)}}, f)
+    run_dir = fake_run(tmp_path / "run", folder, len(chars))
+    code, out, err = run(capsys, run_dir, "--prompt", "abc", "--tokens", "20")
+    assert code == 0 and out.startswith("abc") and set(out) <= set(chars), err
