@@ -1,7 +1,10 @@
 """The runtime half of the overlap timeline: record one step on this rank.
 
 The trainer (`train.trace_step=N`) and `minddp timeline` use it; `write` exports the
-gathered trace as Chrome/Perfetto JSON and a PNG.
+gathered trace as Chrome/Perfetto JSON and a PNG. Why not torch.profiler's export (which
+`train.profile_steps` gives, per rank): this trace is the engine's own bucket launch/done and
+end-of-backward marks from every rank on one clock, with the exposed wait cut out of backward,
+drawn as one figure; a profiler trace holds ops per rank, not the reducer's moments.
 """
 
 from __future__ import annotations
