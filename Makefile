@@ -35,8 +35,10 @@ train: install  ## train the small GPT on the defaults (NPROC=2: torchrun; ARGS=
 ifeq ($(NPROC),1)
 	$(BIN)/python train.py $(ARGS)
 else
-	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-outputs/$$(date +%Y-%m-%d/%H-%M-%S)} \
-	  $(TORCHRUN) --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+	@# torchrun through minddp.train.launch: after a stop signal the resume command is the last line, and
+	@# the exit code is 0 (SIGTERM) or 130 (Ctrl-C), not torchrun's traceback and 1
+	MINDDP_RUN_DIR=$${MINDDP_RUN_DIR:-outputs/$$(date +%Y-%m-%d/%H-%M-%S)} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
+	  $(BIN)/python -m minddp.train.launch --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
 endif
 
 # make sweep SWEEP='ddp.bucket_cap_mb=1,5,25,100'   one process per job, one W&B group, then the

@@ -3,7 +3,9 @@
 #   MINDDP_RUN_DIR  the run directory (default: outputs/slurm-$SLURM_JOB_ID, one per job,
 #                   kept across --requeue so train.resume=auto finds the checkpoint)
 PYTHON=${MINDDP_PYTHON:-python3}
-TORCHRUN=("$PYTHON" -m torch.distributed.run)
+# torchrun's arguments, through minddp.train.launch: a stop signal goes to the workers only, so the
+# resume command is the log's last line and the exit code 0 (SIGTERM), not torchrun's traceback and 1
+TORCHRUN=("$PYTHON" -m minddp.train.launch)
 export MINDDP_RUN_DIR=${MINDDP_RUN_DIR:-outputs/slurm-${SLURM_JOB_ID}}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 # torch 2.13's c10d rendezvous shares one TCPStore across restart rounds, so workers restarted
@@ -41,7 +43,7 @@ head_addr() {
 run_with_requeue() {
     "$@" &
     local child=$!
-    # (torchrun exits non-zero after passing a signal on, hence `|| true`)
+    # (`|| true`: under srun a signal that reaches torchrun itself still makes it exit non-zero)
     trap 'echo "minddp: time limit near, checkpointing and requeueing"; kill -TERM '"$child"'; wait '"$child"' || true; scontrol requeue "$SLURM_JOB_ID"; exit 0' USR1
     trap 'kill -TERM '"$child"'; wait '"$child"' || true; exit 143' TERM
     wait "$child"

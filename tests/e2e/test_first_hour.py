@@ -4,13 +4,14 @@ rewrite the repository."""
 
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import SMALL
-from tests.launch import ROOT, env_for, torchrun
+from tests.launch import ROOT, env_for, free_port, torchrun, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +98,44 @@ def test_studies_never_rewrite_the_repository(tmp_path):
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert (study / "scaling.md").exists() and subprocess.check_output(status, cwd=ROOT, text=True) == before
+
+
+STOPPABLE = [*SMALL, "train.max_steps=400", "train.log_every=1"]
+
+
+def _stopped(launcher: list[str], run_dir, sig) -> tuple[int, str]:
+    job = subprocess.Popen([*launcher, str(ROOT / "train.py"), *STOPPABLE], cwd=ROOT, env=env_for(run_dir),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_step(run_dir, 3, 120)
+        job.send_signal(sig)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return job.returncode, out
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_where_minddp_launches_torchrun_a_stop_ends_in_the_resume_command(tmp_path, sig, code):
+    """make train NPROC=2 and slurm/ run torchrun through minddp.train.launch: the README's exit codes,
+    and the resume command is what a person reads last."""
+    launch = [sys.executable, "-m", "minddp.train.launch", "--nproc_per_node=2", "--rdzv_backend=c10d",
+              f"--rdzv_endpoint=127.0.0.1:{free_port()}"]
+    rc, out = _stopped(launch, tmp_path / "run", sig)
+    assert rc == code, out[-3000:]
+    last = out.strip().splitlines()[-2:]
+    assert last[0] == f"minddp: stopped by {sig.name}, checkpoint saved; resume with:", out[-3000:]
+    assert last[1].strip().startswith("torchrun ") and last[1].endswith(f"train.resume={tmp_path / 'run'}"), last
+    assert "SignalException" not in out
+
+
+def test_bare_torchrun_exits_1_on_sigterm_and_the_resume_command_is_in_train_log(tmp_path):
+    """What the README says of a bare torchrun: its agent's own traceback and exit 1; the workers
+    still checkpoint, and <run dir>/train.log keeps the resume command."""
+    rc, out = _stopped(torchrun(2), tmp_path / "run", signal.SIGTERM)
+    assert rc == 1 and "SignalException" in out, out[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text().splitlines()
+    at = max(i for i, line in enumerate(log) if line.endswith("resume with:"))
+    assert log[at + 1].strip().endswith(f"train.resume={tmp_path / 'run'}"), log[at:]
+    assert list((tmp_path / "run" / "checkpoints").glob("*.pt"))
