@@ -146,9 +146,9 @@ WHEEL_EXTRAS ?=
 wheelhouse:  ## minddp's dependencies (never torch) in wheelhouse/, for make gpu-check on an offline node
 	$(PYTHON) scripts/wheelhouse.py --out wheelhouse --pythons "$(WHEEL_PYTHONS)" --extras "$(WHEEL_EXTRAS)"
 
-# faults that lose runs, on 2-rank jobs (~3 min, root for the tmpfs): a disk that fills up mid-run,
+# faults that lose runs, on 2-rank jobs (minutes, longer under load; root for the tmpfs): a disk that fills up mid-run,
 # kill -9 during saves, all checkpoints unreadable; each resume must equal an uninterrupted run
-soak-faults: install  ## faults that lose runs on 2-rank jobs (~3 min, root): each resume must be exact
+soak-faults: install  ## faults that lose runs on 2-rank jobs (minutes, root): each resume must be exact
 	$(BIN)/python scripts/soak_faults.py
 	$(BIN)/python -m pytest -q -m soak
 

@@ -4,6 +4,7 @@ rewrite the repository."""
 
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def test_where_minddp_launches_torchrun_a_stop_ends_in_the_resume_command(tmp_pa
     assert rc == code, out[-3000:]
     last = out.strip().splitlines()[-2:]
     assert last[0] == f"minddp: stopped by {sig.name}, checkpoint saved; resume with:", out[-3000:]
-    assert last[1].strip().startswith("torchrun ") and last[1].endswith(f"train.resume={tmp_path / 'run'}"), last
+    assert last[1].strip().startswith("torchrun "), last
+    assert last[1].endswith(f"train.resume={tmp_path / 'run'}"), last
     assert "SignalException" not in out
 
 
@@ -139,3 +141,27 @@ def test_bare_torchrun_exits_1_on_sigterm_and_the_resume_command_is_in_train_log
     at = max(i for i, line in enumerate(log) if line.endswith("resume with:"))
     assert log[at + 1].strip().endswith(f"train.resume={tmp_path / 'run'}"), log[at:]
     assert list((tmp_path / "run" / "checkpoints").glob("*.pt"))
+
+
+def _shape(line: str, run_dir: str) -> str:
+    """A log line with what changes between runs (run dir, numbers, timings, timestamps) made alike."""
+    line = re.sub(r"^\[[\d\- :,]+\]\[minddp\]", "[minddp]", line)
+    line = line.replace(run_dir, "RUN") if run_dir else line
+    line = re.sub(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", "RUN", line)
+    return re.sub(r"\d[\d,.:]*", "N", line)
+
+
+def test_the_readmes_sample_output_is_what_make_train_prints(tmp_path):
+    """Every line of README's sample log, in order, in a real `python train.py` log (numbers aside)."""
+    readme = (ROOT / "README.md").read_text().split("## Running and launching")[0]
+    sample = readme.split("```\n[minddp]", 1)[1].split("```", 1)[0]
+    expected = [_shape(line, "") for line in ("[minddp]" + sample).splitlines() if line.strip()]
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), "train.max_steps=3"], capture_output=True,
+                       text=True, env=env_for(run, WANDB_MODE="offline"), cwd=ROOT, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = [_shape(line, str(run)) for line in (p.stdout + p.stderr).splitlines()]
+    at = 0
+    for line in expected:
+        assert line in got[at:], f"README's\n  {line}\nnot in the run's log, in order:\n" + "\n".join(got)
+        at = got.index(line, at) + 1
