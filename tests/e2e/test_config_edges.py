@@ -63,7 +63,8 @@ def test_a_setting_one_rank_refuses_stops_every_rank_at_once(tmp_path):
     import time
 
     t0 = time.monotonic()
-    p = run_train(tmp_path / "run", *SMALL, "train.timeout_s=${oc.env:RANK}", nproc=2, check=False, timeout=90)
+    p = run_train(tmp_path / "run", *SMALL, "train.timeout_s=${oc.env:RANK}", nproc=2, check=False,
+                  timeout=90)
     took = time.monotonic() - t0
     assert p.returncodes == [2, 2], p.stderr[-3000:]
     line = "on rank 0 (1 of 2 ranks failed): train.timeout_s and train.init_timeout_s must be > 0"

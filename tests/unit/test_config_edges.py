@@ -52,7 +52,8 @@ def test_the_size_check_counts_the_parameters_the_model_has_and_guards_the_data_
 
     from minddp.train.build import build_model, parameter_count
 
-    for overrides in [(), ("model.bias=false", "model.n_layer=3"), ("model=mlp",), ("model=mlp", "model.n_layer=1")]:
+    shapes = [(), ("model.bias=false", "model.n_layer=3"), ("model=mlp",), ("model=mlp", "model.n_layer=1")]
+    for overrides in shapes:
         m = compose_config(*overrides).model
         with torch.device("meta"):
             built = sum(p.numel() for p in build_model(m, 300).parameters())
