@@ -16,6 +16,7 @@ are minddp/perf/runs.py's.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..perf.runs import lines, study_group
@@ -38,7 +39,10 @@ def log(folder, runs: list[dict], swept: list[str], head: list[str], rows: list[
     if mode == "disabled":
         print("W&B is disabled for these runs: no report run")
         return mode
+    # one report run per study: the same id every time (the end of `minddp scaling`, then `minddp report
+    # DIR --wandb` again), so W&B updates that run rather than adding a second one to the group
     run = wandb.init(project=project, group=group, job_type="report", name=f"report-{group}", mode=mode,
+                     id=re.sub(r"[^\w-]", "-", f"report-{group}")[:64], resume="allow",
                      dir=str(folder), tags=["report", *sorted({r["scaling"] for r in runs})],
                      config={"folder": str(folder), "runs": len(runs), "swept": swept,
                              "scaling": sorted({r["scaling"] for r in runs})},

@@ -115,3 +115,29 @@ def test_scaling_writes_into_its_study_and_its_plot_reads_at_a_glance(tmp_path, 
     assert len({m.get_color() for m in measured}) == 4
     assert {m.get_linestyle() for m in measured} == {"-"} and {m.get_linestyle() for m in model} == {"--"}
     assert "measured (solid) vs calibrated model (dashed)" in busy.get_title()
+
+
+@pytest.mark.slow  # wandb starts its service process
+def test_one_report_run_per_study_however_often_it_is_reported(tmp_path, monkeypatch):
+    """`minddp scaling` ends in a report run; `minddp report DIR --wandb` after it updates that run
+    (the same W&B id), not a second one in the group."""
+    import json
+
+    from minddp.tools import report
+    from tests.wandb_offline import runs_under
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    study = tmp_path / "sweep-7"
+    for world in (1, 2):
+        run = study / f"ws{world}-cap25"
+        run.mkdir(parents=True)
+        rows = [{"step": i + 1, "loss": 5.0 - i * 0.1, "step_time_s": 0.4 / world,
+                 "tokens_per_s": 1000.0 * world,
+                 "comm/busy_s": 0.01, "comm/exposed_wait_s": 0.001} for i in range(6)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        config = {"ddp": {"bucket_cap_mb": 25}, "seed": 1, "wandb": {"group": "sweep-7", "project": "minddp"}}
+        (run / "run.json").write_text(json.dumps({"world_size": world, "config": config}))
+    report.main([str(study), "--wandb"])
+    report.main([str(study), "--wandb"])
+    first, second = runs_under(study)
+    assert first["id"] == second["id"] == "report-sweep-7" and first["job_type"] == "report"
