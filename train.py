@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from minddp.parallel.dist import env_ranks, exit_worker, shutdown, wait_for_peers
-from minddp.train.config import ConfigError, register, unknown_key_hint
+from minddp.train.config import ConfigError, register, unknown_key_hint, value_hint
 from minddp.train.io import run_dir as run_dirs
 from minddp.train.metrics import flight_recorder
 from minddp.train.safety.guard import DivergedError
@@ -94,7 +94,7 @@ def hydra_problem(e: HydraException) -> str:
         key = given.group(1) if given else cause.full_key
         return f"unknown key {key} ({unknown_key_hint(key)})"
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        return f"{cause.full_key}: {str(cause).splitlines()[0]}"
+        return f"{cause.full_key}: {str(cause).splitlines()[0]}{value_hint(str(cause.full_key))}"
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if isinstance(e, MissingConfigException) and "Available options" in str(e):
         options = [o for o in lines[2:lines.index("Config search path:")] if not o.endswith("_schema")]

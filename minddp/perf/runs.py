@@ -152,14 +152,14 @@ def study_group(runs: list[dict], folder: Path) -> tuple[str, str]:
     return (projects.pop() if len(projects) == 1 else "minddp"), group
 
 
-def series(runs: list[dict], swept: list[str]) -> dict[str, list[dict]]:
-    """The runs by the values of the swept keys other than the world size, each by world size."""
-    others = [k for k in swept if k != "world_size"]
+def series(runs: list[dict], swept: list[str], x: str = "world_size") -> dict[str, list[dict]]:
+    """The runs by the values of the swept keys other than `x`, each sorted by `x`."""
+    others = [k for k in swept if k != x]
     out: dict[str, list[dict]] = {}
     for r in runs:
         name = ", ".join(f"{k}={r['keys'].get(k)}" for k in others) or "runs"
         out.setdefault(name, []).append(r)
-    return {k: sorted(v, key=lambda r: r["keys"]["world_size"]) for k, v in out.items()}
+    return {k: sorted(v, key=lambda r: r["keys"][x]) for k, v in out.items()}
 
 
 def predicted_busy(r: dict, cal: Calibration) -> float | None:

@@ -5,30 +5,31 @@
     minddp report outputs                            # any train.py runs
     minddp report multirun/... --wandb               # and one W&B run of job_type=report
 
-A run is a folder with a `metrics.jsonl`; its `run.json` (written by rank 0 at start-up)
-gives the world size and the resolved config (`.hydra/config.yaml` is the fallback). Rows
-are keyed by the swept keys: those set on a command line (`.hydra/overrides.yaml`) whose
-values differ between runs, and the world size (every differing key when no run has
-overrides); columns:
-median step time and tokens/s (after the first fifth of the logged steps: the numbers of the
-run's summary.json, minddp.train.metrics.summary), the scaling efficiency against the smallest world
-size with the same other keys and scaling mode (1.00 is perfect): strong scaling (fixed global
-batch) T1 / (n Tn), weak scaling (fixed batch per rank) T1 / Tn, which one in the column
-`scaling`; the exposed-communication fraction, final loss and validation loss, `mfu` where
-logged, the busy fraction of communication, and the spread of the ranks' step times with the
-slowest rank (train.check_every). The plot: tokens/s per world size, and every run's loss
-curve. Writes DIR/report.md and DIR/report.png; with --wandb also a W&B run of job_type
-report in the study's group (minddp.tools.wandb_report). A malformed row of a metrics.jsonl
-(a torn line, hand edits) is skipped with a one-line warning; a run whose files cannot be read
-as a run (a run.json whose world_size is not a whole number, an empty metrics.jsonl, ...) is one
-line naming it and why, and the others are reported. Reading the folders and the analysis are
-minddp/perf/runs.py.
+A run is a folder with a `metrics.jsonl`; its `run.json` (written by rank 0 at start-up) gives the
+world size and the resolved config (`.hydra/config.yaml` is the fallback). Rows are keyed by the
+swept keys: those set on a command line (`.hydra/overrides.yaml`) whose values differ between runs,
+and the world size (every differing key when no run has overrides); columns: median step time and
+tokens/s (after the first fifth of the logged steps: the numbers of the run's summary.json,
+minddp.train.metrics.summary), the scaling efficiency against the smallest world size with the same
+other keys and scaling mode (1.00 is perfect): strong scaling (fixed global batch) T1 / (n Tn), weak
+scaling (fixed batch per rank) T1 / Tn, which one in the column `scaling`; the exposed-communication
+fraction, final loss and validation loss, `mfu` where logged, the busy fraction of communication,
+and the spread of the ranks' step times with the slowest rank (train.check_every), and the machine's
+load (1-minute load average) while it ran. The plot: tokens/s against the world size (or, when it
+does not vary, the first numeric swept key, e.g. ddp.bucket_cap_mb), and every run's loss curve.
+Writes DIR/report.md and DIR/report.png; with --wandb also a W&B run of job_type report in the
+study's group (minddp.tools.wandb_report). A malformed row of a metrics.jsonl (a torn line, hand
+edits) is skipped with a one-line warning; a run whose files cannot be read as a run (a run.json
+whose world_size is not a whole number, an empty metrics.jsonl, ...) is one line naming it and why,
+and the others are reported. Reading the folders and the analysis are minddp/perf/runs.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -56,7 +57,7 @@ def load_run(run_dir: Path) -> dict:
 
 
 HEAD = ["steps", "step (ms)", "tokens/s", "efficiency", "exposed comm", "loss", "val loss", "mfu", "scaling",
-        "comm busy", "rank step min/median/max (ms)", "slowest rank", "status"]
+        "comm busy", "rank step min/median/max (ms)", "slowest rank", "load", "status"]
 
 
 def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list]]:
@@ -72,7 +73,7 @@ def table_rows(runs: list[dict], swept: list[str]) -> tuple[list[str], list[list
             fmt(r["val_loss"], ".4f"), fmt(r["mfu"], ".2%"), r["scaling"],
             fmt(s.get("comm/busy_fraction"), ".1%"),
             "-" if None in spread else "/".join(f"{v * 1e3:.1f}" for v in spread),
-            fmt(s.get("rank/slowest"), "d"), ended(s)])
+            fmt(s.get("rank/slowest"), "d"), fmt(s.get("machine/load_1min"), ".1f"), ended(s)])
     return [*swept, *HEAD], rows
 
 
@@ -94,16 +95,31 @@ def label(r: dict, keys: list[str], folder: Path) -> str:
     return textwrap.fill(text, 48)  # a long label wraps inside the legend, not past the figure
 
 
+def x_key(runs: list[dict], swept: list[str]) -> str:
+    """What the throughput is plotted against: the world size when it varies, else the first
+    swept key whose values are all numbers (a bucket-cap sweep: ddp.bucket_cap_mb)."""
+    numeric = [k for k in swept if all(steady.number(r["keys"].get(k)) for r in runs)]
+    return "world_size" if "world_size" in swept or not numeric else numeric[0]
+
+
 def plot(runs: list[dict], swept: list[str], png: Path, folder: Path = Path(".")) -> None:
-    """Left: tokens/s per world size, a line per value of the other swept keys. Right: every
-    run's loss curve. Legends inside their axes; constrained layout keeps titles whole."""
-    plt = pyplot()
-    fig, (ax, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
-    for name, rs in series([r for r in runs if r["tokens_per_s"] is not None], swept).items():
-        ax.plot([r["keys"]["world_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o-",
+    fig = figure(runs, swept, folder)
+    fig.savefig(png, dpi=110)
+    pyplot().close(fig)
+
+
+def figure(runs: list[dict], swept: list[str], folder: Path = Path(".")):
+    """Left: tokens/s against the swept key (x_key), a line per value of the other swept keys.
+    Right: every run's loss curve. Legends inside their axes; constrained layout keeps titles whole."""
+    fig, (ax, ax_loss) = pyplot().subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    x = x_key(runs, swept)
+    for name, rs in series([r for r in runs if r["tokens_per_s"] is not None], swept, x).items():
+        ax.plot([r["keys"][x] for r in rs], [r["tokens_per_s"] for r in rs], "o-",
                 label=textwrap.fill(name, 48))
-    ax.set(xlabel="world size", ylabel="tokens / s", title="throughput (median after warm-up)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(xlabel=x.replace("_", " ") if x == "world_size" else x, ylabel="tokens / s",
+           title="throughput (median after warm-up)")
+    if x == "world_size":
+        ax.xaxis.get_major_locator().set_params(integer=True)
     for r in runs:
         if r["curve"]:
             steps, losses = zip(*r["curve"])
@@ -112,8 +128,22 @@ def plot(runs: list[dict], swept: list[str], png: Path, folder: Path = Path(".")
     for a in (ax, ax_loss):
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7, ncol=1 + len(a.get_lines()) // 12)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def load_note(runs: list[dict]) -> str:
+    """The machine's load while the runs trained (a shared machine slows runs unevenly)."""
+    loads = sorted(r["summary"]["machine/load_1min"] for r in runs if "machine/load_1min" in r["summary"])
+    if not loads:
+        return ""
+    return (f" Machine load (1-minute load average, median over each run's steady rows; {os.cpu_count()} "
+            f"cores here): median {statistics.median(loads):.1f}, range {loads[0]:.1f}-{loads[-1]:.1f}; "
+            "other work on a shared machine slows runs unevenly: the column `load` says which.")
+
+
+def in_order(value) -> tuple:
+    """A sort key: numbers by value (1, 5, 25, 100, not "1", "100", "25", "5"), then the rest."""
+    return (0, value, "") if steady.number(value) else (1, 0, json.dumps(value, sort_keys=True))
 
 
 def load_runs(folder: Path) -> list[dict]:
@@ -134,10 +164,10 @@ def report(folder, out=None, to_wandb: bool = False) -> str:
         raise SystemExit(f"minddp report: error: no run (a folder with a metrics.jsonl that has rows) "
                          f"under {folder}")
     swept = swept_keys(runs)
-    runs.sort(key=lambda r: [json.dumps(r["keys"].get(k), sort_keys=True) for k in swept])
+    runs.sort(key=lambda r: [in_order(r["keys"].get(k)) for k in swept])
     add_efficiency(runs, swept)
     text = (f"{len(runs)} runs under `{folder}`; swept: {', '.join(swept) or 'nothing'}. "
-            f"{modes_note(runs)}\n\n"
+            f"{modes_note(runs)}{load_note(runs)}\n\n"
             + render.markdown([render.table(*table_rows(runs, swept))]) + "\n")
     out = Path(out) if out else folder / "report"
     out.parent.mkdir(parents=True, exist_ok=True)

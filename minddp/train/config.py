@@ -325,6 +325,19 @@ def unknown_key_hint(full_key: str) -> str:
     return f"did you mean {section}.{close[0]}?" if close else "`python train.py --cfg job` lists them"
 
 
+def value_hint(full_key: str) -> str:
+    """The values a yes/no setting takes, where Optional adds null (its automatic choice:
+    train.bf16=null was train.bf16=auto before 0.5)."""
+    section, _, key = full_key.partition(".")
+    schema = _SCHEMAS.get(section)
+    if not isinstance(schema, type) or key not in {f.name for f in dataclasses.fields(schema)}:
+        return ""
+    field = next(f for f in dataclasses.fields(schema) if f.name == key)
+    if field.type == "Optional[bool]":
+        return f" (give {full_key}=true, false or null: null is the automatic choice, once spelled auto)"
+    return " (give true or false)" if field.type == "bool" else ""
+
+
 def _unknown_keys(cfg):
     """A key no schema has: Hydra's `+train.foo=1` adds one even to a typed config, and a key
     that nothing reads is a typo, not a setting."""

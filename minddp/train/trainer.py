@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -319,7 +320,9 @@ class Trainer:
                "comm/time_s": s.comm_time_s, "comm/busy_s": s.busy_s,
                "comm/exposed_wait_s": s.exposed_wait_s, "comm/exposed_fraction": s.exposed_wait_s / seconds,
                "comm/exposed_gather_s": gather, "skipped_steps": self.skipped or None,
-               "mem/peak_rss_mb": self.peak_rss_mb, "val_loss": val_loss, **self._spread}
+               "mem/peak_rss_mb": self.peak_rss_mb, "val_loss": val_loss,
+               "machine/load_1min": os.getloadavg()[0],  # what else ran here: explains a slow row
+               **self._spread}
         self._spread = {}
         self.tracker.log({k: v for k, v in row.items() if v is not None})
 

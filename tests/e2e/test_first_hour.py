@@ -43,6 +43,8 @@ def test_prepares_default_output_folder_is_ignored_and_the_package_is_not():
     ("train.max_stepz=5", "unknown key train.max_stepz (did you mean train.max_steps?)"),
     ("data.dir=/somewhere", "unknown key data.dir (it is a setting of data=tokens: add data=tokens)"),
     ("model=gtp", "Could not find 'model/gtp' (options: gpt, mlp)"),
+    ("train.bf16=auto", "train.bf16: Value 'auto' is not a valid bool (type str) (give train.bf16=true, "
+                        "false or null: null is the automatic choice, once spelled auto)"),
 ])
 def test_a_typo_is_one_line_with_the_fix_and_exit_2(tmp_path, typo, fix):
     """Hydra's own advice (`+train.max_stepz=5`) only adds a key nothing reads: the first try gets the fix."""

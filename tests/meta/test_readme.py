@@ -25,10 +25,6 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_readme_is_at_most_350_lines():
-    assert len(README.splitlines()) <= 350, "README.md is a user's guide: detail goes to docs/, CHANGELOG.md"
-
-
 @pytest.mark.parametrize("path", DOCS)
 def test_every_relative_link_and_anchor_exists(path):
     base = (ROOT / path).parent

@@ -18,7 +18,7 @@ from collections import Counter
 # medians over the steady rows, under the metrics' own names (W&B shows them as its summary)
 STEADY = ("step_time_s", "tokens_per_s", "tflops", "mfu", "comm/busy_s", "comm/exposed_wait_s",
           "comm/exposed_fraction", "rank/step_time_min_s", "rank/step_time_median_s",
-          "rank/step_time_max_s")
+          "rank/step_time_max_s", "machine/load_1min")
 # every key summary() may write: W&B keeps these as set here, not as the last logged row
 KEYS = (*STEADY, "comm/busy_fraction", "rank/slowest", "loss", "val_loss", "best_val_loss",
         "mem/peak_rss_mb", "steps", "warmup_rows", "steady_rows", "status", "skipped_steps",
