@@ -77,7 +77,7 @@ def test_report_collects_runs_of_different_world_sizes_and_caps(tmp_path, drawn_
     assert float(by[("2", "0.01")][5]) == pytest.approx(ratio, abs=0.01)
     for (world, cap), r in by.items():  # the final loss is the run's own last logged loss
         last = metrics(sweep / f"ws{world}-cap{float(cap):g}")[-1]
-        assert r[7] == f"{last['loss']:.4f}" and r[9].strip(" |").endswith("%"), (r, last)
+        assert r[7] == f"{last['loss']:.4f}" and r[9].strip(" |") == "-", (r, last)  # no MFU on a CPU
     assert plt_image(sweep / "report.png").shape[:2] == (484, 1210)  # 11 x 4.4 in at 110 dpi
     from minddp.tools import report  # again in-process, to read its figure: the table's tokens/s per cap
 
