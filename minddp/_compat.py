@@ -168,9 +168,17 @@ def warn_once(key: str, message: str) -> None:
 def output_tensors(output) -> list[torch.Tensor]:
     """The tensors in a module's output (nested tuples, lists, dicts, dataclasses torch's pytree
     knows), as torch DDP finds them after its forward."""
+    import dataclasses
+
     from torch.utils._pytree import tree_leaves
 
-    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    found = []
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):  # torch DDP walks them too
+            found += output_tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
+    return found
 
 
 def dynamo_one_graph():

@@ -5,11 +5,12 @@ One iteration (a forward outside `no_sync()`, then `loss.backward()`):
 
 1. forward (here): broadcast the buffers from the group's first rank (re-read: one may have been
    reassigned; through `.data`, so a tensor an earlier forward saved for backward is not marked
-   modified, as torch's broadcast does not bump autograd's version counter); then, if grad is
-   enabled and `require_backward_grad_sync`, **prepare for backward**: `reducer.prepare_for_backward()`
-   resets every per-iteration flag. The module runs; `reducer.watch(output)` puts a prehook on the
-   output's autograd nodes: the backward of *this* graph will reach them. A forward that will not
-   be followed by a synchronised backward (no_grad, `no_sync()`) leaves a pending backward alone.
+   modified, as torch's broadcast does not bump autograd's version counter); the module runs;
+   then (as torch's `_post_forward`: a forward that raised starts nothing), if grad is enabled and
+   `require_backward_grad_sync`, **prepare for backward**: `reducer.prepare_for_backward()` resets
+   every per-iteration flag, and `reducer.watch(output)` puts a prehook on the output's autograd
+   nodes: the backward of *this* graph will reach them. A forward that will not be followed by a
+   synchronised backward (no_grad, `no_sync()`) leaves a pending backward alone.
 2. backward, **mark ready**: autograd accumulates each gradient straight into its bucket's flat
    buffer (`param.grad` is a view of it; a fresh gradient is copied in with the average's 1/n
    fused). A post-accumulate hook calls `reducer.autograd_hook(i)`, which marks parameter i ready
@@ -178,13 +179,13 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         if bcast:
             replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
         self.require_forward_param_sync = sync
-        if sync:
-            sync = self.reducer.prepare_for_backward()  # False: a recomputation inside its backward
-        # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         with _compat.dynamo_sees_ddp(self):  # a compiled model: one subgraph per bucket, as torch DDP
             output = self.module(*args, **kwargs)
-        if sync:
+        # after the module, as torch's _post_forward: a forward that raised starts no iteration.
+        # False: a checkpoint's recomputation inside this iteration's backward, which goes on.
+        if sync and self.reducer.prepare_for_backward():
             self.reducer.watch(output)  # the backward of this graph finalizes the iteration
+        # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         return output
 
     # --------------------------------------------------------------- public API

@@ -147,10 +147,12 @@ class Reducer:
         self.counting = self.first_iteration_of_static_graph  # hooks counted, all reduced at the end
         self.first_counts = [0] * len(self.params) if self.counting else None
         self.marked = [False] * len(self.params)
+        self.hooks_seen = False  # a backward that marks nothing (autograd.grad w.r.t. an input) ends nothing
         for b in self.layout.buckets:
             # static_graph after its first iteration: a parameter no hook reached then never comes
             b.pending = sum(1 for i in b.param_ids if counts is None or counts[i] > 0)
             b.future, b.unused = None, []
+        self.complete = sum(1 for b in self.layout.buckets if b.pending == 0)  # buckets with every gradient
         self.observer.start(len(self.layout.buckets))
         return True
 
@@ -202,6 +204,7 @@ class Reducer:
             self._mark_ready(i, grad is not None)
 
     def _mark_ready(self, i: int, used: bool) -> None:
+        self.hooks_seen = True
         if not self.watched_outputs:  # no output node to wait for: end at this backward's end
             self._queue_finalize()
         if self.counting:  # static_graph's first iteration: count only, all reduced at the end
@@ -224,6 +227,7 @@ class Reducer:
         self.ready_order.append(i)
         bucket = self.layout.buckets[self.layout.bucket_of(i)]
         bucket.pending -= 1
+        self.complete += bucket.pending == 0
         self._launch_ready()
 
     # ------------------------------------------------------------------ phase 3: launch in order
@@ -233,7 +237,7 @@ class Reducer:
         while self.overlap and self.next_bucket < len(buckets) and buckets[self.next_bucket].pending == 0:
             self._launch(self.next_bucket)
             self.next_bucket += 1
-        if self.next_bucket == len(buckets):  # torch's rule: the last bucket is out, finalize
+        if self.complete == len(buckets):  # torch's rule: every bucket is ready (out, with overlap)
             self._queue_finalize()
         self.observer.poll()
 
@@ -274,7 +278,12 @@ class Reducer:
     def finalize(self) -> None:
         """Once, at the end of the iteration's backward (queued on the autograd engine): launch
         what is left (unused parameters' buckets, everything under overlap=False or in a
-        static graph's first iteration), wait for every bucket in order."""
+        static graph's first iteration), wait for every bucket in order. A backward that marked
+        no gradient (autograd.grad of an input: FGSM, a gradient penalty) leaves the iteration
+        open for the backward that will (torch's reducer finalizes only once hooks made it ready)."""
+        if not self.hooks_seen:
+            self.finalize_queued = False
+            return
         if self.counting:  # torch's delay_all_reduce: every bucket now
             self.hook_counts, self.first_counts, self.counting = self.first_counts, None, False
         self.expect_autograd_hooks = self.require_finalize = False

@@ -12,8 +12,8 @@ waiting (minddp.engine.transfer). A later forward reads them once their copy has
 query, no wait) and raises on every rank if some rank left a parameter unused, where torch
 DDP raises too; a copy still in flight is looked at again at the next forwards, and waited
 for at the `MAX_DEFER`-th, so the error comes on every rank within a bounded number of steps.
-Only find_unused_parameters needs the flags at once (which .grad to restore before the
-optimizer step): one host read per step, as in torch DDP's reducer.
+Only find_unused_parameters (and static_graph) needs the flags at once, and only on a rank that
+left a parameter unused (which .grad to restore before the optimizer step): then one host read.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ class UsageFlags:
             return checks.check_used_here(self.names, ready)
         if self.find_unused:
             self.used_unsynced = [False] * len(self.names)
-            return _restore_grads(transfer.to_host(tail).tolist(), layout, params)
+            if any(b.unused for b in layout.buckets):  # only then does a .grad depend on other ranks
+                _restore_grads(transfer.to_host(tail).tolist(), layout, params)
+            return
         self._pending.append([transfer.to_host(tail), list(ready), 0])
 
     def check(self) -> None:

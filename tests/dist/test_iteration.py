@@ -12,6 +12,8 @@ torch's wrapper and with minddp's, and gradients, parameters, buffers and error 
 - register_comm_hook twice: torch's RuntimeError.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -211,3 +213,119 @@ def test_register_comm_hook_twice_raises_torchs_error():
     for texts in launch.ranks(_hook_twice, 2):
         assert texts["minddp"] == texts["torch"], texts
 
+
+
+# ------------------------------------------------ backwards that mark no gradient, other outputs
+def _input_gradient_then_loss(rank, world_size, find_unused):
+    """FGSM / a gradient penalty: autograd.grad w.r.t. the input goes through the output's node but
+    accumulates no parameter gradient; the iteration ends with the backward that does."""
+    out = {}
+    for w, cls in WRAPPERS.items():
+        torch.manual_seed(0)
+        model = cls(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)),
+                    find_unused_parameters=find_unused)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.randn(5, 6, generator=torch.Generator().manual_seed(10 * rank + step)).requires_grad_()
+            (g,) = torch.autograd.grad(model(x).sum(), x)  # its own forward, then no parameter hook
+            penalty = model(x + 0.1 * g.sign()).pow(2).mean()
+            opt.zero_grad()
+            penalty.backward()
+            opt.step()
+        out[w] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+@pytest.mark.parametrize("find_unused", [False, True])
+def test_a_backward_to_the_input_only_leaves_the_iteration_to_the_real_backward(find_unused):
+    for per_rank in launch.ranks(_input_gradient_then_loss, 2, find_unused):
+        for x, y in zip(per_rank["torch"], per_rank["minddp"]):
+            assert torch.equal(x, y)
+
+
+class LossInside(nn.Module):
+    """The loss is kept on the module; the wrapper's output has a graph the loss's backward never
+    reaches (its own node), so only the gradients' hooks can end the iteration."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = self.l1(x)
+        self.loss = self.l2(torch.relu(h)).pow(2).mean()
+        return h * 2
+
+
+def _loss_off_the_output(rank, world_size, overlap):
+    out = {}
+    for w, cls in WRAPPERS.items():
+        torch.manual_seed(0)
+        kwargs = {} if w == "torch" else {"overlap": overlap}
+        model = cls(LossInside(), **kwargs)
+        for step in range(2):
+            model.zero_grad()
+            model(torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * rank + step)))
+            model.module.loss.backward()
+            out.setdefault(w, []).append([p.grad.clone() for p in model.parameters()])
+    return out
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_loss_that_bypasses_the_output_is_reduced_with_and_without_overlap(overlap):
+    for per_rank in launch.ranks(_loss_off_the_output, 2, overlap):
+        for a, b in zip(per_rank["torch"], per_rank["minddp"]):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(y, x)
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+
+
+class CheckpointedToDataclass(AllInsideCheckpoints):
+    def forward(self, x):
+        return Output(super().forward(x))
+
+
+def _dataclass_output(rank, world_size):
+    out = {}
+    for w, cls in WRAPPERS.items():
+        torch.manual_seed(0)
+        model = cls(CheckpointedToDataclass(use_reentrant=True))
+        x = torch.randn(8, 20, generator=torch.Generator().manual_seed(rank)).requires_grad_()
+        model(x).logits.pow(2).sum().backward()
+        out[w] = [p.grad.clone() for p in model.parameters()]
+    return out
+
+
+def test_a_dataclass_output_ends_the_iteration_after_reentrant_checkpoints():
+    for per_rank in launch.ranks(_dataclass_output, 2):
+        for x, y in zip(per_rank["torch"], per_rank["minddp"]):
+            torch.testing.assert_close(y, x)
+
+
+def _forward_raises_then_no_sync(rank, world_size):
+    """A forward that raised (a caught bad batch) starts no iteration: the next no_sync()
+    micro-step keeps its gradient local, as torch's (prepare_for_backward after the forward)."""
+    out = {}
+    for w, cls in WRAPPERS.items():
+        torch.manual_seed(0)
+        model = cls(nn.Linear(4, 3))
+        try:
+            model(torch.randn(2, 5))  # wrong width: the module raises
+        except RuntimeError:
+            pass
+        with model.no_sync():
+            model(torch.randn(2, 4, generator=torch.Generator().manual_seed(rank))).sum().backward()
+        out[w] = [p.grad.clone() for p in model.parameters()]
+    return out
+
+
+def test_a_forward_that_raised_starts_no_iteration():
+    per_rank = launch.ranks(_forward_raises_then_no_sync, 2)
+    for got in per_rank:
+        for x, y in zip(got["torch"], got["minddp"]):
+            assert torch.equal(x, y)
+    assert not torch.equal(per_rank[0]["minddp"][0], per_rank[1]["minddp"][0])  # local: differs
