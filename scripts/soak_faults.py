@@ -199,8 +199,7 @@ def unreadable(run: Path) -> None:
         p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
     before = digest(paths)
     p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=300)
-    assert p.returncode != 0 and "exitcode  : 2" in p.stderr, p.stderr[-3000:]  # torchrun's own: 1
-    assert "exitcode  : 1" not in p.stderr, p.stderr[-3000:]
+    assert p.returncodes == [2, 2], (p.returncodes, p.stderr[-3000:])  # forked ranks (tests.launch)
     for rank in (0, 1):
         assert f"[rank {rank}] minddp: configuration error:" in p.stderr, p.stderr[-3000:]
     assert all(str(q) in p.stderr for q in paths), p.stderr[-3000:]
@@ -242,8 +241,7 @@ def dangling(work: Path, ref: dict) -> None:
     (run / "checkpoints").symlink_to(work / "unmounted")
     before = (run / "metrics.jsonl").read_bytes()
     p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=300)
-    assert p.returncode != 0 and "exitcode  : 2" in p.stderr, p.stderr[-3000:]
-    assert "exitcode  : 1" not in p.stderr, p.stderr[-3000:]
+    assert p.returncodes == [2, 2], (p.returncodes, p.stderr[-3000:])  # forked ranks (tests.launch)
     lines = [x for x in p.stderr.splitlines() if "minddp: configuration error:" in x]
     for rank in (0, 1):  # rank 1: "rank 0 could not resume: CheckpointError: <the same>"
         named = f"{run}/checkpoints is a symlink"
