@@ -78,6 +78,19 @@ def main_exit(main, capsys, *argv):
     return code, capsys.readouterr().err
 
 
+def as_nobody(cmd):
+    """`cmd` run as an unprivileged user when the tests run as root (root writes anywhere): the
+    way to test a folder that cannot be written. The checkout must be readable by that user, as
+    a clone under a 0755 folder is; a 0700 parent (mktemp -d) fails here, naming the fix."""
+    if os.geteuid() != 0:
+        return cmd
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = subprocess.run([*nobody, "cat", str(ROOT / "train.py")], capture_output=True, text=True)
+    assert probe.returncode == 0, (f"user nobody cannot read {ROOT} ({probe.stderr.strip()}): clone the "
+                                   "project under a folder others can read (chmod 755 its parents)")
+    return [*nobody, *cmd]
+
+
 def metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minddp.train.config import register
-from tests.conftest import ROOT, SMALL
+from tests.conftest import ROOT, SMALL, as_nobody
 from tests.launch import run_train
 
 register()
@@ -46,8 +46,7 @@ def test_a_read_only_run_dir_is_one_line(tmp_path, where, request):
     env = {**os.environ, "HOME": str(tmp_path), "MINDDP_RUN_DIR": str(tmp_path / where),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "train.py"), *SMALL]
-    if os.geteuid() == 0:
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    cmd = as_nobody(cmd)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"minddp: configuration error: the run dir {tmp_path / where} " in p.stderr
