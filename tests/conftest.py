@@ -96,8 +96,10 @@ def metrics(run_dir):
 
 
 def final_model(run_dir):
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("ckpt_*.pt"))
-    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+    """The newest checkpoint's weights, a file (ckpt_<step>.pt) or a folder (train.ckpt_format=dcp)."""
+    from minddp.train.checkpoint import latest, load
+
+    return load(latest(run_dir), "cpu")["model"]
 
 
 def assert_same_curves(a, b, atol=2e-5):

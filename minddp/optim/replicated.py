@@ -69,6 +69,10 @@ class ReplicatedOptimizer:
     def state_dict(self) -> dict:
         return self.optim.state_dict()
 
+    def sharded_state_dict(self) -> dict:
+        """The protocol's state dict in a rank's own parts: here every rank holds all of it."""
+        return self.state_dict()
+
     def load_state_dict(self, sd: dict) -> None:
         self.optim.load_state_dict(sd)
 

@@ -266,6 +266,15 @@ class ShardedOptimizer:
         self.wait_params()
         return zero_state.unsharded(self.ddp, self.optim, self._segments, self._group_params)
 
+    def sharded_state_dict(self) -> dict:
+        """`state_dict()` with this rank's own parts (`zero_state.Piece`) in place of full tensors:
+        nothing gathered (a checkpoint whose ranks each write their own). A collective."""
+        if self._pending_state is not None:  # loaded, not yet cut into shards: it is whole already
+            return self._pending_state
+        self._slice_shards()
+        self.wait_params()
+        return zero_state.pieces(self.ddp, self.optim, self._segments, self._group_params)
+
     def load_state_dict(self, sd: dict) -> None:
         """Load an unsharded optimizer state dict (from any layout): this rank keeps its slices,
         cut at the first step (the engine settles its bucket layout in the first backward)."""

@@ -2,12 +2,18 @@
 (full per-parameter tensors under torch's indices), and back into this rank's shards. So a
 checkpoint loads with or without sharding, at any number of ranks.
 
+`pieces` is the same state without the gather: each rank's own parts of every flattened
+tensor (`Piece`), for checkpoints where every rank writes what it owns (minddp.train.checkpoint's
+folder format joins them into full tensors on load).
+
 A shard is a list of `zero.Segment`s: the part of one parameter that lies in this rank's slice
 of one bucket. `group_params` lists the engine's parameter indices per param group, in the
 order the unsharded optimizer numbers them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -27,12 +33,44 @@ def unsharded(ddp, optim, segments, group_params) -> dict:
             state[pos] = {key: full[key][i].view_as(p).clone() for key in full}
             if step is not None:
                 state[pos]["step"] = step.clone()
+    return {"state": state, "param_groups": _groups(optim, group_params)}
+
+
+def _groups(optim, group_params) -> list[dict]:
+    """The unsharded optimizer's param_groups: its options, parameters numbered in group order."""
     groups, pos = [], 0
     for g, ids in zip(optim.param_groups, group_params):
         options = {k: v for k, v in g.items() if k != "params"}
         groups.append({**options, "params": list(range(pos, pos + len(ids)))})
         pos += len(ids)
-    return {"state": state, "param_groups": groups}
+    return groups
+
+
+@dataclass
+class Piece:
+    """This rank's part `[lo, lo + tensor.numel())` of a tensor of `shape`, flattened;
+    `tensor` None where this rank holds none of it."""
+
+    shape: tuple
+    lo: int
+    tensor: torch.Tensor | None
+
+
+def pieces(ddp, optim, segments, group_params) -> dict:
+    """`unsharded`'s state dict with each rank's own Pieces in place of the full tensors: no
+    gather, no copy. One small collective (the agreed state keys). A parameter has at most one
+    segment here: it lies in one bucket, and this rank's shard of a bucket is contiguous."""
+    keys, step = state_keys(optim, ddp.process_group)
+    mine = {s.param: s for s in segments if s.tensor in optim.state}
+    state = {}
+    if keys or step is not None:
+        for pos, i in enumerate(i for ids in group_params for i in ids):
+            shape, s = tuple(ddp.params[i].shape), mine.get(i)
+            state[pos] = {key: Piece(shape, s.lo if s else 0, optim.state[s.tensor][key] if s else None)
+                          for key in keys}
+            if step is not None:
+                state[pos]["step"] = step.clone()
+    return {"state": state, "param_groups": _groups(optim, group_params)}
 
 
 def state_keys(optim, group) -> tuple[list[str], torch.Tensor | None]:

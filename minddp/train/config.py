@@ -46,6 +46,7 @@ JobType = Choice("JobType", {v: v for v in ("train", "report", "bench")}, module
 OnNonfinite = Choice("OnNonfinite", {v: v for v in ("skip", "stop")}, module=__name__)
 Scaling = Choice("Scaling", {v: v for v in ("strong", "weak")}, module=__name__)
 Device = Choice("Device", {v: v for v in ("auto", "cpu", "cuda")}, module=__name__)
+CkptFormat = Choice("CkptFormat", {v: v for v in ("file", "dcp")}, module=__name__)
 Compile = Choice("Compile", {v: v for v in ("none", "whole", "blocks")}, module=__name__)
 TokenDtype = Choice("TokenDtype", {v: v for v in ("auto", "uint8", "uint16", "uint32")}, module=__name__)
 FLIGHT_RECORDER_MAX = 1_000_000  # torch keeps every entry in memory; past 2**31 its set-up hangs
@@ -114,6 +115,8 @@ class TrainConfig:
     eval_every: int = 50
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
+    # file: one ckpt_<step>.pt written by rank 0 | dcp: a folder ckpt_<step>/, each rank writes its part
+    ckpt_format: CkptFormat = CkptFormat.file
     resume: str = "none"  # none | auto | <run dir> (continues it there) | <path to a checkpoint>
     resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10

@@ -237,6 +237,7 @@ class Trainer:
         if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
             state.save(self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched,
                        batches=self.batches, mesh=self.mesh, device=self.info.device, log=self.tracker.info,
+                       folder=t.ckpt_format == "dcp",
                        saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
                                    "skipped_steps": self.skipped})
         if stopping:

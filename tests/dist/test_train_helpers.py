@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from minddp.engine.ddp import DistributedDataParallel
 from minddp.errors import ConfigError
@@ -72,10 +73,10 @@ def test_one_process_raises_its_own_error_without_a_collective():
 CPU = torch.device("cpu")
 
 
-def _setup(seed, device=CPU):
+def _setup(seed, device=CPU, shard=False):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, shard_optimizer=shard, bucket_cap_mb=0.0005)
     o = SimpleNamespace(lr=1e-2, beta1=0.9, beta2=0.95, weight_decay=0.1, warmup_steps=2, min_lr=1e-3)
     opt = build_optimizer(model, o, device, ddp)
     factor = lambda step: lr_factor(step, o, 20)  # noqa: E731
@@ -90,19 +91,20 @@ def _train(model, ddp, opt, sched, batches, steps):
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+    opt.wait_params()  # ZeRO-1's all-gather of the updated parameters
 
 
-def _save_then_load(rank, world, run_dir):
+def _save_then_load(rank, world, run_dir, folder, shard):
     mesh = Mesh.create(world, 1, "cpu")
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
-    model, ddp, opt, sched, factor = _setup(0)
+    model, ddp, opt, sched, factor = _setup(0, shard=shard)
     _train(model, ddp, opt, sched, batches, (1, 2, 3))
     state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
-               saved_with={"config": {"note": "mine"}}, log=lambda line: None)
+               saved_with={"config": {"note": "mine"}}, folder=folder, log=lambda line: None)
     _train(model, ddp, opt, sched, batches, (4,))
     after = {k: v.clone() for k, v in model.state_dict().items()}
-    saved = load_checkpoint(f"{run_dir}/checkpoints/ckpt_00000003.pt", "cpu")
-    model2, ddp2, opt2, sched2, factor2 = _setup(1)  # other weights, a fresh schedule
+    saved = load_checkpoint(f"{run_dir}/checkpoints/ckpt_00000003{'' if folder else '.pt'}", "cpu")
+    model2, ddp2, opt2, sched2, factor2 = _setup(1, shard=shard)  # other weights, a fresh schedule
     state.load_model(model2, saved, mesh, "ckpt_00000003.pt")
     start = state.load_training_state(saved, opt=opt2, sched=sched2, lr_factor=factor2, mesh=mesh,
                                       rank=rank, device=CPU)
@@ -111,8 +113,16 @@ def _save_then_load(rank, world, run_dir):
     return start, saved["samples_seen"], saved["config"], lr, after, model2.state_dict()
 
 
-def test_a_saved_state_loads_into_a_fresh_model_and_continues_exactly(tmp_path):
-    got = launch.ranks(_save_then_load, 2, tmp_path)
+@pytest.mark.parametrize("folder, shard", [(False, False), (True, False), (True, True), (False, True)],
+                         ids=["file", "folder", "folder-zero1", "file-zero1"])
+def test_a_saved_state_loads_into_a_fresh_model_and_continues_exactly(tmp_path, folder, shard):
+    """A file (rank 0 writes what was gathered) or a folder (each rank writes its own part; with
+    ZeRO-1 its shard of the optimizer state): step 4 after the load is step 4 of the saver."""
+    got = launch.ranks(_save_then_load, 2, tmp_path, folder, shard)
+    if folder:  # what each rank wrote: with ZeRO-1 the parts of the state tensors, never gathered
+        keys = FileSystemReader(tmp_path / "checkpoints/ckpt_00000003").read_metadata().state_dict_metadata
+        parts = sorted(k for k in keys if "@" in k)
+        assert bool(parts) == shard and (not shard or any(not k.endswith("@0") for k in parts)), parts
     for rank, (start, seen, config, lr, after, resumed) in enumerate(got):
         assert (start, seen, config) == (3, 3 * 2 * 2, {"note": "mine"}), rank
         assert lr == pytest.approx(1e-2 * lr_factor(3, SimpleNamespace(
@@ -121,17 +131,18 @@ def test_a_saved_state_loads_into_a_fresh_model_and_continues_exactly(tmp_path):
             torch.testing.assert_close(resumed[k], after[k], atol=0, rtol=0)
 
 
-def _save_fails_on_rank_0(rank, world, run_dir):
+def _save_fails_on_rank_0(rank, world, run_dir, folder):
     mesh = Mesh.create(world, 1, "cpu")
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
     model, ddp, opt, sched, _ = _setup(0)
     return _outcome(lambda: state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
-                                       mesh=mesh, device=CPU, saved_with={}))
+                                       mesh=mesh, device=CPU, saved_with={}, folder=folder))
 
 
-def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path):
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, folder):
     (tmp_path / "checkpoints").write_text("a file where the folder goes")
-    got = launch.ranks(_save_fails_on_rank_0, 2, tmp_path)
+    got = launch.ranks(_save_fails_on_rank_0, 2, tmp_path, folder)
     assert got[0][0] == "CheckpointWriteError" and "could not write checkpoint" in got[0][1], got
     assert got[1][0] == "CheckpointWriteError", got
     assert got[1][1].startswith("rank 0 could not save step 3: CheckpointWriteError: could not write"), got

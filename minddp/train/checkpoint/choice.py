@@ -25,6 +25,7 @@ from .files import (
     CheckpointReadError,
     all_checkpoints,
     checkpoint_dir,
+    listed,
     load,
     remove_crash_leftovers,
 )
@@ -38,7 +39,7 @@ def resume_run_dir(resume: str) -> Path | None:
     p = Path(resume)
     if resume in ("none", "auto") or not p.is_dir():
         return None
-    return p.parent if p.name == "checkpoints" or any(p.glob("ckpt_*.pt")) else p
+    return p.parent if p.name == "checkpoints" or listed(p) else p
 
 
 def _check_link(run_dir) -> None:

@@ -1,7 +1,9 @@
 """Checkpoint files: written atomically by rank 0, listed, read back whole, and told apart
 when they fail (corrupt: an older one may do; transient: stop).
 
-A checkpoint is one file `ckpt_<step>.pt` under `<run dir>/checkpoints/`, written to a
+A checkpoint is one file `ckpt_<step>.pt` under `<run dir>/checkpoints/` (train.ckpt_format=
+file), or a folder `ckpt_<step>/` that every rank wrote its part of (dcp: folders.py); both are
+listed, chosen and loaded here alike, into the same state dict. A file is written to a
 unique temporary name, flushed to disk, renamed into place, and the directory fsynced,
 so a crash mid-write never leaves a truncated checkpoint where `latest()` finds it, and a
 power loss cannot lose the rename. Loading is `weights_only=True`: a checkpoint is a
@@ -22,10 +24,11 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 from ...errors import ConfigError
 from ..io.atomic import atomic_open, remove_orphans
-from . import integrity
+from . import folders, integrity
 
 log = logging.getLogger("minddp")
 
@@ -42,7 +45,7 @@ class CheckpointReadError(OSError):
     """Reading a checkpoint failed for a reason outside the file (I/O error): never a fallback."""
 
 
-_NAME = re.compile(r"ckpt_(\d+)\.pt$")
+_NAME = re.compile(r"ckpt_(\d+)(\.pt)?$")
 _LEGACY_TMP = ".ckpt_*.pt.tmp*"  # minddp before atomic_open wrote `.ckpt_<step>.pt.tmp<pid>-<hex>`
 
 
@@ -63,10 +66,15 @@ def save(run_dir, step: int, state: dict) -> Path:
     except (OSError, RuntimeError) as e:  # the previous checkpoint stays intact either way
         if isinstance(e, RuntimeError) and not _is_write_failure(e):
             raise
-        error = CheckpointWriteError(_write_failure(final, e))
-        error.errno = getattr(e, "errno", None)
-        raise error from e
+        raise write_error(final, e) from e
     return final
+
+
+def write_error(final: Path, e: BaseException) -> CheckpointWriteError:
+    """The error a failed checkpoint write raises: where, why, free space, what is intact."""
+    error = CheckpointWriteError(_write_failure(final, e))
+    error.errno = getattr(e, "errno", None)
+    return error
 
 
 def _is_write_failure(e: RuntimeError) -> bool:
@@ -90,12 +98,17 @@ def _write_failure(final: Path, e: BaseException) -> str:
 
 
 def all_checkpoints(run_dir) -> list[Path]:
-    """Newest first."""
-    d = checkpoint_dir(run_dir)
+    """Newest first (at one step, a folder before a file)."""
+    return listed(checkpoint_dir(run_dir))
+
+
+def listed(folder) -> list[Path]:
+    """The checkpoints (files and folders) directly in `folder`, newest first."""
+    d = Path(folder)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    found = [(int(m.group(1)), not m.group(2), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return [p for *_, p in sorted(found, reverse=True)]
 
 
 def latest(run_dir) -> Path | None:
@@ -111,6 +124,9 @@ def remove_crash_leftovers(run_dir) -> list[Path]:
     removed += remove_orphans(run_dir, "run.json")
     for p in list(d.glob(_LEGACY_TMP)) if d.is_dir() else []:
         p.unlink(missing_ok=True)
+        removed.append(p)
+    for p in [*d.glob(".ckpt_*.tmp-*"), *d.glob(".ckpt_*.old-*")] if d.is_dir() else []:
+        shutil.rmtree(p, ignore_errors=True)  # a folder save a crash interrupted (folders.py)
         removed.append(p)
     for p in removed:
         log.warning(f"removed {p}, a temporary file left by an interrupted write")
@@ -156,25 +172,59 @@ def _not_a_file(path) -> str | None:
 def load(path, device) -> dict:
     """A checkpoint whose layout and checksums are whole; CheckpointError if it is corrupt,
     CheckpointReadError (or the memory error itself) if reading it failed."""
-    if problem := _not_a_file(path):
+    if folders.is_folder_checkpoint(path):
+        state = _load_folder(Path(path), device)
+    elif problem := _not_a_file(path):
         raise CheckpointError(problem)
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - sorted below: corrupt file, or transient failure
-        if not is_transient(e, path):
-            raise CheckpointError(_unreadable(path, e)) from None
-        if isinstance(e, OSError):
-            error = CheckpointReadError(
-                f"could not read checkpoint {path}: {e}. The file may be intact: no older "
-                "checkpoint is used instead. Fix the cause, then resume with train.resume=auto")
-            error.errno = e.errno
-            raise error from e
-        raise
+    else:
+        state = _load_file(path, device)
     if not isinstance(state, dict) or any(k not in state for k in _KEYS):
         raise CheckpointError(f"{path} is not a minddp checkpoint (needs keys {list(_KEYS)})")
     if problem := integrity.verify(state):
         raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
     return state
+
+
+def _load_file(path, device) -> dict:
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - sorted below: corrupt file, or transient failure
+        if not is_transient(e, path):
+            raise CheckpointError(_unreadable(path, e)) from None
+        if isinstance(e, OSError):
+            raise _read_error(path, e) from e
+        raise
+
+
+def _load_folder(path: Path, device) -> dict:
+    try:
+        return folders.load(path, device)
+    except folders.CorruptFolder as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+    except OSError as e:
+        raise _read_error(path, e) from e
+    except dcp.CheckpointException as e:  # DCP's own: the reads' failures, per rank
+        cause = first_failure(e)
+        if isinstance(cause, OSError):
+            raise _read_error(path, cause) from e
+        raise CheckpointError(_unreadable(path, cause)) from None
+    except Exception as e:  # noqa: BLE001 - state.pt that does not parse, memory: sorted as a file's
+        if is_transient(e):
+            raise
+        raise CheckpointError(_unreadable(path, e)) from None
+
+
+def first_failure(e: dcp.CheckpointException) -> BaseException:
+    """The first rank's exception inside DCP's CheckpointException (which lists every rank's)."""
+    return next(iter(e.failures.values()))[0] if e.failures else e
+
+
+def _read_error(path, e: OSError) -> CheckpointReadError:
+    error = CheckpointReadError(
+        f"could not read checkpoint {path}: {e}. It may be intact: no older checkpoint is used "
+        "instead. Fix the cause, then resume with train.resume=auto")
+    error.errno = e.errno
+    return error
 
 
 def _unreadable(path, e: Exception) -> str:

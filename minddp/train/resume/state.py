@@ -4,40 +4,96 @@ data position and RNG, written at any dp/tp layout (sharded or not) and loadable
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from ...parallel import tensor_parallel as tp
 from ..checkpoint import files as checkpoint
+from ..checkpoint import folders
 from ..metrics import flight_recorder
 from ..safety.together import together
 
 
 def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_with: dict,
-         log=None) -> None:
-    """Collectives first, on every rank (full tensors gathered over tp, RNG states), then rank 0
-    writes atomically; a failed write raises on every rank (none waits for rank 0). Positions
-    are global (samples seen), so any dp can resume. `saved_with`: the run's config and data."""
+         folder: bool = False, log=None) -> None:
+    """Every rank, at the same point. A file (0.4's format): full tensors gathered over tp (and
+    ZeRO-1's shards over dp), then rank 0 writes atomically. A folder (`folder`, through DCP):
+    each rank writes what it holds, nothing gathered over dp. Either way a failed write raises
+    on every rank (none waits for rank 0). Positions are global (samples seen), so any dp can
+    resume. `saved_with`: the run's config and data."""
     flight_recorder.set_context(phase="checkpoint")
     opt.wait_params()
-    model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
-    opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
+    own = folder and mesh.tp_size == 1  # tp splits tensors: they are gathered (over tp) either way
+    model_state = model.state_dict() if own else tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
+    opt_state = opt.sharded_state_dict() if own else tp.full_optimizer_state(opt, model, mesh.tp_group,
+                                                                              mesh.tp_size)
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, rng_state(device))
-    error = None
+    epoch, pos = batches.position(step)
+    everything = {"model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
+                  "step": step, "epoch": epoch, "position_in_epoch": pos,
+                  "samples_seen": batches.samples_seen(step), "rng": rng, **saved_with}
+    path = (_save_folder if folder else _save_file)(run_dir, step, everything)
     if dist.get_rank() == 0:
-        epoch, pos = batches.position(step)
+        (log or logging.getLogger("minddp").info)(f"saved {path}")
+
+
+_KINDS = (checkpoint.CheckpointWriteError, checkpoint.CheckpointWriteError)
+
+
+def _save_file(run_dir, step: int, everything: dict) -> Path:
+    path, error = None, None
+    if dist.get_rank() == 0:
         try:
-            path = checkpoint.save(run_dir, step, {
-                "model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
-                "step": step, "epoch": epoch, "position_in_epoch": pos,
-                "samples_seen": batches.samples_seen(step), "rng": rng, **saved_with})
-            (log or logging.getLogger("minddp").info)(f"saved {path}")
+            path = checkpoint.save(run_dir, step, everything)
         except Exception as e:  # noqa: BLE001 - every rank stops with it, below
             error = e
-    kind = checkpoint.CheckpointWriteError
-    together(error, what=f"save step {step}", kinds=(kind, kind))
+    return Path(together(error, str(path), what=f"save step {step}", kinds=_KINDS)[0])
+
+
+def _save_folder(run_dir, step: int, everything: dict) -> Path:
+    """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP), the
+    files' checksums are split between the ranks, rank 0 commits; a failure anywhere stops
+    every rank and leaves the previous checkpoint as it was (and no temporary folder)."""
+    final = checkpoint.checkpoint_dir(run_dir) / f"ckpt_{step:08d}"
+    what, rank, world = f"save step {step}", dist.get_rank(), dist.get_world_size()
+    small, tensors = folders.split(everything)
+    tmp = Path(_on_rank0(lambda: folders.begin(final), final, what))
+    try:
+        _on_rank0(lambda: folders.write_small(tmp, small), final, what)
+        try:
+            folders.write_tensors(tmp, tensors)
+        except dcp.CheckpointException as e:  # raised on every rank by DCP itself
+            raise checkpoint.write_error(final, checkpoint.first_failure(e)) from None
+        names = together(None, sorted(os.listdir(tmp)) if rank == 0 else None)[0]
+        sums, error = {}, None
+        try:
+            sums = folders.checksums(tmp, folders.my_share(names, rank, world))
+        except OSError as e:
+            error = checkpoint.write_error(final, e)
+        merged = {k: v for part in together(error, sums, what=what, kinds=_KINDS) for k, v in part.items()}
+        _on_rank0(lambda: folders.commit(tmp, final, merged), final, what)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _on_rank0(action, final: Path, what: str):
+    """`action()` on rank 0, its result on every rank; its OSError raised on every rank."""
+    result, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = action()
+        except OSError as e:
+            error = checkpoint.write_error(final, e)
+    return together(error, None if result is None else str(result), what=what, kinds=_KINDS)[0]
 
 
 def load_model(model, saved, mesh, path) -> None:
