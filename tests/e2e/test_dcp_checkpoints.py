@@ -1,0 +1,134 @@
+"""Folder checkpoints (train.ckpt_format=dcp, torch.distributed.checkpoint) keep every promise of
+README's "Resume and failures" table: resume at any dp size, sharded or not, from either format
+(0.4's files still load); a folder without its integrity.json, with a flipped bit, a truncated or
+missing file is corrupt and the previous checkpoint is used; a read error stops the run; a save a
+crash interrupted leaves a temporary folder that is removed and never chosen."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from minddp.train import checkpoint
+from tests.conftest import SMALL, assert_same_curves, final_model, metrics
+from tests.launch import run_train
+
+ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=3", "train.eval_every=0"]
+DCP = "train.ckpt_format=dcp"
+ZERO = "ddp.shard_optimizer=true"
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_folder_resumes_bitwise_and_at_any_dp_size_sharded_or_not(tmp_path):
+    run_train(tmp_path / "ref", *ARGS, nproc=2)
+    run_train(tmp_path / "zref", *ARGS, DCP, ZERO, nproc=2)
+    # sharded on 2 ranks, each writing its own parts -> the same layout: bitwise
+    run_train(tmp_path / "same", *ARGS, DCP, ZERO, "train.stop_at_step=3", nproc=2)
+    assert [p.name for p in checkpoint.all_checkpoints(tmp_path / "same")] == ["ckpt_00000003"]
+    run_train(tmp_path / "same", *ARGS, DCP, ZERO, "train.resume=auto", nproc=2)
+    _equal(final_model(tmp_path / "same"), final_model(tmp_path / "zref"))
+    assert [r["loss"] for r in metrics(tmp_path / "same")] == [r["loss"] for r in metrics(tmp_path / "zref")]
+    # sharded on 2 ranks -> unsharded on 1 (DCP's parts joined, then whole)
+    run_train(tmp_path / "a", *ARGS, DCP, ZERO, "train.stop_at_step=3", nproc=2)
+    run_train(tmp_path / "a", *ARGS, DCP, "train.resume=auto", nproc=1)
+    # 0.4's format (a file) on 1 rank -> a sharded folder run on 2
+    run_train(tmp_path / "b", *ARGS, "train.stop_at_step=3", nproc=1)
+    run_train(tmp_path / "b", *ARGS, DCP, ZERO, "train.resume=auto", nproc=2)
+    assert [p.name for p in checkpoint.all_checkpoints(tmp_path / "b")] == ["ckpt_00000006", "ckpt_00000003.pt"]
+    for run in ("a", "b"):
+        assert_same_curves(metrics(tmp_path / run), metrics(tmp_path / "ref"), atol=1e-5)
+        for k, v in final_model(tmp_path / "ref").items():
+            torch.testing.assert_close(final_model(tmp_path / run)[k], v, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- what a damaged folder does
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "a flipped bit in a rank's file": (lambda f: _flip(f / "__1_0.distcp"), "checksum mismatch in __1_0.distcp"),
+    "a truncated rank's file": (lambda f: (f / "__0_0.distcp").write_bytes((f / "__0_0.distcp").read_bytes()[:99]),
+                                "__0_0.distcp holds 99 bytes"),
+    "a missing rank's file": (lambda f: (f / "__1_0.distcp").unlink(), "__1_0.distcp is missing"),
+    "no integrity.json (an interrupted commit)": (lambda f: (f / "integrity.json").unlink(),
+                                                  "no integrity.json: an interrupted save"),
+    "no DCP metadata": (lambda f: (f / ".metadata").unlink(), ".metadata is missing"),
+    "a flipped bit in state.pt": (lambda f: _flip(f / "state.pt"), "checksum mismatch in state.pt"),
+    "integrity.json that does not parse": (lambda f: (f / "integrity.json").write_text("{"),
+                                           "integrity.json does not parse"),
+}
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A ZeRO-1 run on 2 ranks with two folder checkpoints (steps 3 and 6)."""
+    run = tmp_path_factory.mktemp("saved") / "run"
+    run_train(run, *ARGS, DCP, ZERO, nproc=2)
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_folder_is_corrupt_and_the_previous_checkpoint_is_used(saved_run, tmp_path, damage):
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    newest, previous = checkpoint.all_checkpoints(run)
+    spoil, message = DAMAGE[damage]
+    spoil(newest)
+    with pytest.raises(checkpoint.CheckpointError, match="is corrupt") as e:
+        checkpoint.load(newest, "cpu")
+    assert message in str(e.value) and str(newest) in str(e.value)
+    path, state = checkpoint.resolve(run, "auto", "cpu")
+    assert (path, state["step"]) == (previous, 3)
+
+
+@pytest.mark.slow
+def test_a_folder_loads_into_the_same_state_as_a_file_of_the_same_run(saved_run, tmp_path):
+    """Every key a file holds, with the optimizer's state joined into full tensors by index."""
+    run_train(tmp_path / "file", *ARGS, ZERO, nproc=2)
+    folder = checkpoint.load(checkpoint.latest(saved_run), "cpu")
+    file = checkpoint.load(checkpoint.latest(tmp_path / "file"), "cpu")
+    assert folder.keys() == file.keys() - {"checksums"}
+    _equal(folder["model"], file["model"])
+    assert folder["optimizer"]["param_groups"] == file["optimizer"]["param_groups"]
+    for i, st in file["optimizer"]["state"].items():
+        _equal(folder["optimizer"]["state"][i], st)
+    assert folder["rng"][1]["cpu"].equal(file["rng"][1]["cpu"]) and folder["step"] == file["step"] == 6
+
+
+@pytest.mark.slow
+def test_a_read_error_in_a_folder_stops_the_run_without_falling_back(saved_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    newest = checkpoint.latest(run)
+    (newest / "integrity.json").unlink()
+    (newest / "integrity.json").symlink_to("/proc/self/mem")  # reading it is a real I/O error (EIO)
+    with pytest.raises(checkpoint.CheckpointReadError, match="could not read checkpoint .*ckpt_00000006"):
+        checkpoint.resolve(run, "auto", "cpu")
+
+
+@pytest.mark.slow
+def test_a_save_a_crash_interrupted_is_removed_and_never_chosen(saved_run, tmp_path):
+    """kill -9 during a folder save leaves `.ckpt_<step>.tmp-<id>/` (DCP's files, no integrity.json)."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    newest = checkpoint.latest(run)
+    leftover = newest.with_name(".ckpt_00000009.tmp-0123abcd")
+    shutil.copytree(newest, leftover)
+    (leftover / "integrity.json").unlink()
+    assert checkpoint.latest(run) == newest
+    p = run_train(run, *ARGS, DCP, ZERO, "train.max_steps=9", "train.resume=auto", nproc=2)
+    assert "resumed from" in p.stdout + p.stderr and not leftover.exists()
+    assert [r["step"] for r in metrics(run)] == list(range(1, 10))
+    sums = json.loads((checkpoint.latest(run) / "integrity.json").read_text())
+    assert checkpoint.latest(run).name == "ckpt_00000009" and {".metadata", "state.pt"} <= sums.keys()
