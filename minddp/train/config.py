@@ -117,6 +117,7 @@ class TrainConfig:
     ckpt_every: int = 100  # 0 = only at the end
     # file: one ckpt_<step>.pt written by rank 0 | dcp: a folder ckpt_<step>/, each rank writes its part
     ckpt_format: CkptFormat = CkptFormat.file
+    ckpt_async: bool = False  # dcp only: the write runs beside the next step, committed after it
     resume: str = "none"  # none | auto | <run dir> (continues it there) | <path to a checkpoint>
     resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
@@ -414,6 +415,9 @@ def _setting_problems(cfg):
     if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder, t.max_skipped_steps) < 0:
         yield ("train.eval_every, train.ckpt_every, train.check_every, train.flight_recorder and "
                "train.max_skipped_steps must be >= 0")
+    if t.ckpt_async and t.ckpt_format != "dcp":
+        yield ("train.ckpt_async=true writes in the background through torch.distributed.checkpoint: "
+               "set train.ckpt_format=dcp too (or train.ckpt_async=false)")
     if t.flight_recorder > FLIGHT_RECORDER_MAX:
         yield (f"train.flight_recorder={t.flight_recorder} is more than {FLIGHT_RECORDER_MAX:,} collectives: "
                "torch keeps each one in memory (and hangs setting up more than 2**31); the last 2000 (the "

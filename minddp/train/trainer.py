@@ -114,6 +114,7 @@ class Trainer:
         self._window: list[StepResult] = []  # the steps since the last metrics row
         self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
         self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
+        self._saving = None  # a checkpoint written in the background (train.ckpt_async)
         self.faults = Faults(t, info.rank)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
@@ -234,17 +235,27 @@ class Trainer:
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
         self.guard.after_step(step, result.skipped, self.model, self.opt)
-        if (t.ckpt_every and step % t.ckpt_every == 0) or step == t.max_steps or stopping:
-            state.save(self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched,
-                       batches=self.batches, mesh=self.mesh, device=self.info.device, log=self.tracker.info,
-                       folder=t.ckpt_format == "dcp",
-                       saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
-                                   "skipped_steps": self.skipped})
+        self.checkpoint(step, last=step == t.max_steps or stopping)
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
                               + resume_command(self.run_dir))
         return stopping
+
+    def checkpoint(self, step: int, last: bool) -> None:
+        """Commit the save written beside this step (train.ckpt_async), then save if one is due:
+        in the background unless it is the run's last."""
+        t = self.t
+        if self._saving is not None:
+            state.commit(self._saving, log=self.tracker.info)
+            self._saving = None
+        if (t.ckpt_every and step % t.ckpt_every == 0) or last:
+            self._saving = state.save(
+                self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched, batches=self.batches,
+                mesh=self.mesh, device=self.info.device, log=self.tracker.info,
+                folder=t.ckpt_format == "dcp", background=t.ckpt_async and not last,
+                saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
+                            "skipped_steps": self.skipped})
 
     def train_step(self, step: int) -> StepResult:
         """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""

@@ -41,7 +41,8 @@ def test_a_folder_resumes_bitwise_and_at_any_dp_size_sharded_or_not(tmp_path):
     # 0.4's format (a file) on 1 rank -> a sharded folder run on 2
     run_train(tmp_path / "b", *ARGS, "train.stop_at_step=3", nproc=1)
     run_train(tmp_path / "b", *ARGS, DCP, ZERO, "train.resume=auto", nproc=2)
-    assert [p.name for p in checkpoint.all_checkpoints(tmp_path / "b")] == ["ckpt_00000006", "ckpt_00000003.pt"]
+    names = [p.name for p in checkpoint.all_checkpoints(tmp_path / "b")]
+    assert names == ["ckpt_00000006", "ckpt_00000003.pt"]
     for run in ("a", "b"):
         assert_same_curves(metrics(tmp_path / run), metrics(tmp_path / "ref"), atol=1e-5)
         for k, v in final_model(tmp_path / "ref").items():
@@ -55,10 +56,14 @@ def _flip(path):
     path.write_bytes(bytes(data))
 
 
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:99])
+
+
 DAMAGE = {
-    "a flipped bit in a rank's file": (lambda f: _flip(f / "__1_0.distcp"), "checksum mismatch in __1_0.distcp"),
-    "a truncated rank's file": (lambda f: (f / "__0_0.distcp").write_bytes((f / "__0_0.distcp").read_bytes()[:99]),
-                                "__0_0.distcp holds 99 bytes"),
+    "a flipped bit in a rank's file": (lambda f: _flip(f / "__1_0.distcp"),
+                                       "checksum mismatch in __1_0.distcp"),
+    "a truncated rank's file": (lambda f: _truncate(f / "__0_0.distcp"), "__0_0.distcp holds 99 bytes"),
     "a missing rank's file": (lambda f: (f / "__1_0.distcp").unlink(), "__1_0.distcp is missing"),
     "no integrity.json (an interrupted commit)": (lambda f: (f / "integrity.json").unlink(),
                                                   "no integrity.json: an interrupted save"),
@@ -132,3 +137,27 @@ def test_a_save_a_crash_interrupted_is_removed_and_never_chosen(saved_run, tmp_p
     assert [r["step"] for r in metrics(run)] == list(range(1, 10))
     sums = json.loads((checkpoint.latest(run) / "integrity.json").read_text())
     assert checkpoint.latest(run).name == "ckpt_00000009" and {".metadata", "state.pt"} <= sums.keys()
+
+
+# ---------------------------------------------------------------- in the background
+@pytest.mark.slow
+def test_a_background_save_commits_after_the_next_step_and_resumes_bitwise(tmp_path):
+    """train.ckpt_async: saves at 2 and 4 written beside steps 3 and 5 and committed after them,
+    the last one (5, a stop) in the foreground. A resume from step 4's equals the plain run."""
+    args = [*ARGS, DCP, ZERO, "train.ckpt_every=2"]
+    run_train(tmp_path / "ref", *args, nproc=2)
+    p = run_train(tmp_path / "run", *args, "train.ckpt_async=true", "train.stop_at_step=5", nproc=2)
+    said = [line.split("saved ")[1] for line in (p.stdout + p.stderr).splitlines() if "saved " in line]
+    assert [s[-2:] for s in said] == ["02", "04", "05"], said
+    assert [c.name for c in checkpoint.all_checkpoints(tmp_path / "run")] == [
+        "ckpt_00000005", "ckpt_00000004", "ckpt_00000002"]
+    assert not list(checkpoint.checkpoint_dir(tmp_path / "run").glob(".ckpt_*"))
+    shutil.rmtree(checkpoint.latest(tmp_path / "run"))  # resume from the one written in the background
+    run_train(tmp_path / "run", *args, "train.ckpt_async=true", "train.resume=auto", nproc=2)
+    _equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
+
+
+@pytest.mark.slow
+def test_a_background_save_needs_the_folder_format(tmp_path):
+    p = run_train(tmp_path / "run", *ARGS, "train.ckpt_async=true", check=False, timeout=60)
+    assert p.returncode == 2 and "set train.ckpt_format=dcp too" in p.stderr, p.stderr[-2000:]

@@ -19,6 +19,7 @@ Loading is `no_dist` (any rank, any process, no collective), weights_only for st
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -79,10 +80,23 @@ def write_small(tmp: Path, small: dict) -> None:
         os.fsync(f.fileno())
 
 
-def write_tensors(tmp: Path, tensors: dict) -> None:
+def write_tensors(tmp: Path, tensors: dict, background: bool = False):
     """Every rank, a collective: DCP plans which rank writes each tensor, then each writes
-    its files (fsynced) and rank 0 the metadata, after every rank's writes."""
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not dist.is_initialized())
+    its files (fsynced) and rank 0 the metadata, after every rank's writes. In the background:
+    DCP copies the tensors first (training goes on changing them), writes beside the next
+    step, and returns a future."""
+    writer = dcp.FileSystemWriter(tmp)
+    if background:
+        return dcp.async_save(tensors, storage_writer=writer, process_group=_background_group())
+    dcp.save(tensors, storage_writer=writer, no_dist=not dist.is_initialized())
+    return None
+
+
+@functools.cache
+def _background_group():
+    """A group of its own for background writes, created once (a collective, at the first one):
+    on the training's group their collectives would interleave with the step's and hang."""
+    return dist.new_group(backend="gloo")
 
 
 def my_share(names: list[str], rank: int, world: int) -> list[str]:

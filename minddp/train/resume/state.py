@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,12 +22,13 @@ from ..safety.together import together
 
 
 def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_with: dict,
-         folder: bool = False, log=None) -> None:
+         folder: bool = False, background: bool = False, log=None) -> FolderSave | None:
     """Every rank, at the same point. A file (0.4's format): full tensors gathered over tp (and
     ZeRO-1's shards over dp), then rank 0 writes atomically. A folder (`folder`, through DCP):
-    each rank writes what it holds, nothing gathered over dp. Either way a failed write raises
-    on every rank (none waits for rank 0). Positions are global (samples seen), so any dp can
-    resume. `saved_with`: the run's config and data."""
+    each rank writes what it holds, nothing gathered over dp; with `background` the write runs
+    beside the next step and the save is returned, to be `commit`ted after it. Either way a
+    failed write raises on every rank (none waits for rank 0). Positions are global (samples
+    seen), so any dp can resume. `saved_with`: the run's config and data."""
     flight_recorder.set_context(phase="checkpoint")
     opt.wait_params()
     own = folder and mesh.tp_size == 1  # tp splits tensors: they are gathered (over tp) either way
@@ -38,12 +41,18 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     everything = {"model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
                   "step": step, "epoch": epoch, "position_in_epoch": pos,
                   "samples_seen": batches.samples_seen(step), "rng": rng, **saved_with}
-    path = (_save_folder if folder else _save_file)(run_dir, step, everything)
-    if dist.get_rank() == 0:
-        (log or logging.getLogger("minddp").info)(f"saved {path}")
+    if not folder:
+        return _said_saved(_save_file(run_dir, step, everything), log)
+    saving = _start_folder(run_dir, step, everything, background)
+    return saving if background else commit(saving, log)
 
 
 _KINDS = (checkpoint.CheckpointWriteError, checkpoint.CheckpointWriteError)
+
+
+def _said_saved(path: Path, log) -> None:
+    if dist.get_rank() == 0:
+        (log or logging.getLogger("minddp").info)(f"saved {path}")
 
 
 def _save_file(run_dir, step: int, everything: dict) -> Path:
@@ -56,33 +65,61 @@ def _save_file(run_dir, step: int, everything: dict) -> Path:
     return Path(together(error, str(path), what=f"save step {step}", kinds=_KINDS)[0])
 
 
-def _save_folder(run_dir, step: int, everything: dict) -> Path:
-    """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP), the
-    files' checksums are split between the ranks, rank 0 commits; a failure anywhere stops
-    every rank and leaves the previous checkpoint as it was (and no temporary folder)."""
+@dataclass
+class FolderSave:
+    """A folder checkpoint on its way: its temporary folder, and DCP's future while its tensors
+    are written in the background."""
+
+    final: Path
+    tmp: Path
+    what: str
+    writing: object = None
+
+
+def _start_folder(run_dir, step: int, everything: dict, background: bool) -> FolderSave:
+    """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP)."""
     final = checkpoint.checkpoint_dir(run_dir) / f"ckpt_{step:08d}"
-    what, rank, world = f"save step {step}", dist.get_rank(), dist.get_world_size()
+    what = f"save step {step}"
     small, tensors = folders.split(everything)
-    tmp = Path(_on_rank0(lambda: folders.begin(final), final, what))
-    try:
-        _on_rank0(lambda: folders.write_small(tmp, small), final, what)
-        try:
-            folders.write_tensors(tmp, tensors)
-        except dcp.CheckpointException as e:  # raised on every rank by DCP itself
-            raise checkpoint.write_error(final, checkpoint.first_failure(e)) from None
+    saving = FolderSave(final, Path(_on_rank0(lambda: folders.begin(final), final, what)), what)
+    with _cleaned_up_on_error(saving):
+        _on_rank0(lambda: folders.write_small(saving.tmp, small), final, what)
+        saving.writing = folders.write_tensors(saving.tmp, tensors, background)
+    return saving
+
+
+def commit(saving: FolderSave, log=None) -> None:
+    """Every rank: the tensors written, the files' checksums (split between the ranks), rank 0's
+    rename. A failure anywhere stops every rank and leaves the previous checkpoint as it was."""
+    rank, world, tmp = dist.get_rank(), dist.get_world_size(), saving.tmp
+    with _cleaned_up_on_error(saving):
+        if saving.writing is not None:
+            saving.writing.result()
         names = together(None, sorted(os.listdir(tmp)) if rank == 0 else None)[0]
         sums, error = {}, None
         try:
             sums = folders.checksums(tmp, folders.my_share(names, rank, world))
         except OSError as e:
-            error = checkpoint.write_error(final, e)
-        merged = {k: v for part in together(error, sums, what=what, kinds=_KINDS) for k, v in part.items()}
-        _on_rank0(lambda: folders.commit(tmp, final, merged), final, what)
+            error = checkpoint.write_error(saving.final, e)
+        parts = together(error, sums, what=saving.what, kinds=_KINDS)
+        merged = {k: v for part in parts for k, v in part.items()}
+        _on_rank0(lambda: folders.commit(tmp, saving.final, merged), saving.final, saving.what)
+    _said_saved(saving.final, log)
+
+
+@contextmanager
+def _cleaned_up_on_error(saving: FolderSave):
+    """DCP's failures as a CheckpointWriteError (DCP raises them on every rank); rank 0 removes
+    the temporary folder of a save that failed."""
+    try:
+        try:
+            yield
+        except dcp.CheckpointException as e:
+            raise checkpoint.write_error(saving.final, checkpoint.first_failure(e)) from None
     except BaseException:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if dist.get_rank() == 0:
+            shutil.rmtree(saving.tmp, ignore_errors=True)
         raise
-    return final
 
 
 def _on_rank0(action, final: Path, what: str):
