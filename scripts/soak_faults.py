@@ -16,9 +16,13 @@
    metrics.jsonl untouched; the link fixed, the resume is exact.
 6. Ctrl-C (SIGINT) to the workers: the step finishes, a checkpoint is saved, exit 130; the
    printed command resumes it to the same end, bitwise.
+7. folder checkpoints (train.ckpt_format=dcp, ckpt_async=true: each save written beside the next
+   step): kill -9 while a save's temporary folder is being written, at steps 4, 7 and 10, each
+   restart removing it; then the newest folder damaged (a flipped bit in a rank's file, no
+   integrity.json): named, the previous one used; every end bitwise equal to the uninterrupted run.
 
 Needs root for `mount -t tmpfs` (phase 1 is skipped, saying so, where mount is not permitted).
-Usage: python scripts/soak_faults.py [--phases disk_full,kill9,unreadable,corrupt,dangling,sigint]
+Usage: python scripts/soak_faults.py [--phases disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp]
 """
 
 from __future__ import annotations
@@ -57,8 +61,9 @@ def say(msg: str) -> None:
 
 
 def final_params(run_dir: Path) -> dict:
-    last = Path(run_dir) / "checkpoints" / f"ckpt_{STEPS:08d}.pt"
-    return torch.load(last, map_location="cpu", weights_only=True)["model"]
+    last = checkpoint.latest(run_dir)
+    assert last.name.startswith(f"ckpt_{STEPS:08d}"), last
+    return checkpoint.load(last, "cpu")["model"]
 
 
 def assert_same_params(run_dir: Path, ref: dict) -> None:
@@ -125,7 +130,10 @@ def start_job(run_dir: Path, log: Path, *extra) -> subprocess.Popen:
 
 
 def temporaries(d: Path) -> set[str]:
-    return {e.name for e in os.scandir(d) if e.name.endswith(".tmp")} if d.is_dir() else set()
+    """A file's (`.ckpt_<step>.pt.<random>.tmp`) or a folder's (`.ckpt_<step>.tmp-<id>`)."""
+    if not d.is_dir():
+        return set()
+    return {e.name for e in os.scandir(d) if e.name.endswith(".tmp") or ".tmp-" in e.name}
 
 
 def descendants(pid: int) -> list[int]:
@@ -162,7 +170,7 @@ def kill_during_a_save(run_dir: Path, job: subprocess.Popen, step: int, timeout:
     d, deadline = run_dir / "checkpoints", time.monotonic() + timeout
     stale = temporaries(d)
     while time.monotonic() < deadline and job.poll() is None:
-        new = {n for n in temporaries(d) - stale if n.startswith(f".ckpt_{step:08d}.pt.")}
+        new = {n for n in temporaries(d) - stale if n.startswith(f".ckpt_{step:08d}.")}
         if new:
             kill_job(job)
             return new.pop()
@@ -173,18 +181,18 @@ def kill_during_a_save(run_dir: Path, job: subprocess.Popen, step: int, timeout:
     return None
 
 
-def kill9(work: Path, ref: dict, kills: int) -> Path:
-    run = work / "kill9"
+def kill9(work: Path, ref: dict, kills: int, *extra, name: str = "kill9") -> Path:
+    run = work / name
     for k in range(kills):
-        log = work / f"kill9-{k}.log"
-        job = start_job(run, log, *(["train.resume=auto"] if k else []))
+        log = work / f"{name}-{k}.log"
+        job = start_job(run, log, *extra, *(["train.resume=auto"] if k else []))
         name = kill_during_a_save(run, job, step=3 * k + 4)  # at 4, 7, 10: each restart gets further
         assert name, f"the job ended before a save could be killed: {log.read_text()[-2000:]}"
         time.sleep(1)
         assert (run / "checkpoints" / name).exists()  # the orphan kill -9 left behind, nobody renames it
         say(f"kill -9 #{k + 1} while writing {name}; checkpoints now "
-            f"{[p.name for p in sorted((run / 'checkpoints').glob('ckpt_*.pt'))][-2:]}")
-    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, timeout=300)
+            f"{[p.name for p in checkpoint.all_checkpoints(run)][:2]}")
+    p = run_train(run, *ARGS, *extra, "train.resume=auto", nproc=2, timeout=300)
     assert not kills or "a temporary file left by an interrupted write" in p.stdout + p.stderr
     assert not list((run / "checkpoints").glob(".*")), "orphans left"
     assert_same_params(run, ref)
@@ -274,9 +282,31 @@ def sigint(work: Path, ref: dict) -> None:
         "it exactly")
 
 
+# ------------------------------------------------------- 7. folder checkpoints
+DCP = ["train.ckpt_format=dcp", "train.ckpt_async=true"]
+FOLDER_DAMAGE = {"a flipped bit in a rank's file": "__1_0.distcp", "no integrity.json": "integrity.json"}
+
+
+def folders(work: Path, ref: dict) -> None:
+    run = kill9(work, ref, 3, *DCP, name="dcp-kill9")
+    for what, name in FOLDER_DAMAGE.items():
+        damaged = work / f"dcp-{name}"
+        shutil.copytree(run, damaged, symlinks=True)
+        newest, previous = checkpoint.all_checkpoints(damaged)[:2]
+        if name == "integrity.json":
+            (newest / name).unlink()
+        else:
+            corrupt(newest / name, "flipped bit")
+        p = run_train(damaged, *ARGS, *DCP, "train.resume=auto", nproc=2, timeout=300)
+        out = p.stdout + p.stderr
+        assert f"{newest} is corrupt" in out and f"{previous} at step" in out, out[-3000:]
+        assert_same_params(damaged, ref)
+        say(f"newest folder damaged ({what}): named, resumed from {previous.name}, final parameters equal")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", default="disk_full,kill9,unreadable,corrupt,dangling,sigint")
+    ap.add_argument("--phases", default="disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp")
     args = ap.parse_args(argv)
     phases = args.phases.split(",")
     t0 = time.monotonic()
@@ -292,7 +322,8 @@ def main(argv=None) -> None:
             run = kill9(work, ref, 3 if "kill9" in phases else 0)
             if "unreadable" in phases:
                 unreadable(run)
-        for name, phase in (("corrupt", corrupt_newest), ("dangling", dangling), ("sigint", sigint)):
+        for name, phase in (("corrupt", corrupt_newest), ("dangling", dangling), ("sigint", sigint),
+                            ("dcp", folders)):
             if name in phases:
                 phase(work, ref)
     say(f"all passed in {time.monotonic() - t0:.0f} s")
