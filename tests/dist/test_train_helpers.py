@@ -182,3 +182,51 @@ def test_the_guard_names_the_checkpoint_a_run_resumed_from_when_its_weights_are_
         assert kind == DivergedError.__name__, text
         assert "the weights are NaN/inf, from the checkpoint this run resumed from, " \
                "run/checkpoints/ckpt_00000006.pt" in text, text
+
+
+def _save_on_a_disk_that_fills_up(rank, world, run_dir, small_state_fits):
+    import shutil as sh
+
+    import torch.distributed as dist
+
+    mesh = Mesh.create(world, 1, "cpu")
+    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
+    model, ddp, opt, sched, _ = _setup(0, shard=True)
+    _train(model, ddp, opt, sched, batches, (1,))
+
+    def save(step):
+        state.save(run_dir, step, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+                   saved_with={}, folder=True, log=lambda line: None)
+
+    save(1)
+    if rank == 0:  # leave less than a checkpoint: room for its state.pt (DCP's files fail) or not
+        small = (run_dir / "checkpoints/ckpt_00000001/state.pt").stat().st_size
+        room = small + 8192 if small_state_fits else 0
+        (run_dir / "filler").write_bytes(b"\0" * (sh.disk_usage(run_dir).free - room))
+    dist.barrier()
+    return _outcome(lambda: save(2))
+
+
+@pytest.mark.slow  # it runs mount(8)
+@pytest.mark.parametrize("small_state_fits", [False, True], ids=["rank-0-fails", "dcp-fails"])
+def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_one(tmp_path, small_state_fits):
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if p.returncode:
+        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
+    try:
+        got = launch.ranks(_save_on_a_disk_that_fills_up, 2, mnt, small_state_fits)
+        for kind, text in got:
+            assert kind == "CheckpointWriteError", got
+            assert "could not write checkpoint" in text or "rank 0 could not save step 2" in text, got
+        dcp_said = got[1][1].startswith("could not write checkpoint")  # DCP raises on every rank itself
+        assert dcp_said == small_state_fits, got
+        assert "MiB free in" in got[0][1], got
+        assert "previous checkpoint is intact (ckpt_00000001)" in got[0][1], got
+        assert sorted(q.name for q in (mnt / "checkpoints").iterdir()) == ["ckpt_00000001"]  # no leftover
+        assert load_checkpoint(mnt / "checkpoints" / "ckpt_00000001", "cpu")["step"] == 1
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

@@ -64,7 +64,7 @@ def save(run_dir, step: int, state: dict) -> Path:
         with atomic_open(final) as f:
             torch.save({**state, integrity.KEY: integrity.checksums(state)}, f)
     except (OSError, RuntimeError) as e:  # the previous checkpoint stays intact either way
-        if isinstance(e, RuntimeError) and not _is_write_failure(e):
+        if isinstance(e, RuntimeError) and not is_write_failure(e):
             raise
         raise write_error(final, e) from e
     return final
@@ -77,7 +77,7 @@ def write_error(final: Path, e: BaseException) -> CheckpointWriteError:
     return error
 
 
-def _is_write_failure(e: RuntimeError) -> bool:
+def is_write_failure(e: RuntimeError) -> bool:
     """torch.save's zip writer reports a full disk as `[enforce fail at inline_container.cc]
     ... unexpected pos`, not as an OSError."""
     return any(s in str(e) for s in ("inline_container", "PytorchStreamWriter", "unexpected pos",

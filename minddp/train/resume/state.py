@@ -123,13 +123,15 @@ def _cleaned_up_on_error(saving: FolderSave):
 
 
 def _on_rank0(action, final: Path, what: str):
-    """`action()` on rank 0, its result on every rank; its OSError raised on every rank."""
+    """`action()` on rank 0, its result on every rank; its failure raised on every rank (a
+    failed write, torch.save's full disk included, as a CheckpointWriteError)."""
     result, error = None, None
     if dist.get_rank() == 0:
         try:
             result = action()
-        except OSError as e:
-            error = checkpoint.write_error(final, e)
+        except Exception as e:  # noqa: BLE001 - every rank stops with it, below
+            failed_write = isinstance(e, OSError) or checkpoint.is_write_failure(e)
+            error = checkpoint.write_error(final, e) if failed_write else e
     return together(error, None if result is None else str(result), what=what, kinds=_KINDS)[0]
 
 
