@@ -5,13 +5,15 @@
 The trainer itself (a GPT of about 50M parameters, dp 2, ZeRO-1 on by default) runs steps; in
 each round every variant saves once after a step, in rotated order, so the ratios come from one
 run on one machine state:
-  before     minddp's checkpoint (resume/state.save): ZeRO-1 state all-gathered onto every rank,
-             rank 0 writes one torch.save while the others wait
-  dcp        torch.distributed.checkpoint.save: each rank writes what it owns (its ZeRO-1
-             shard; the replicated model split between ranks by DCP's dedup)
-  dcp-async  torch.distributed.checkpoint.async_save: the same, written in the background
-             while the next steps run; its cost is the save call plus the slowdown of the
-             steps that overlap the write (waited for before the next round)
+  file          minddp's train.ckpt_format=file (resume/state.save): ZeRO-1 state all-gathered
+                onto every rank, rank 0 writes one torch.save while the others wait
+  folder        minddp's train.ckpt_format=dcp: each rank writes what it holds through
+                torch.distributed.checkpoint (its ZeRO-1 parts; the replicated model split
+                between ranks by DCP's dedup), plus the small state, checksums and the commit
+  folder-async  the same with train.ckpt_async=true: written beside the next step, committed
+                after it (the next step's time includes the commit, as in the trainer)
+  dcp           bare torch.distributed.checkpoint.save of the same tensors (no checksums, no
+                commit): what the folder format adds on top of DCP
 Reported per variant: the checkpoint step over a normal step (medians and min-max over
 rounds), the next step's time over a normal one, and each rank's peak RSS above its level
 before the save (VmRSS sampled every 2 ms). Ranks are pinned to cores.
@@ -38,7 +40,7 @@ from minddp.train.resume import state
 from minddp.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("before", "dcp", "dcp-async")
+VARIANTS = ("file", "folder", "folder-async", "dcp")
 
 
 def rss_mb() -> float:
@@ -76,20 +78,17 @@ def dcp_state(trainer) -> dict:
 
 
 def save(variant: str, trainer, step: int, folder: Path, group):
-    """One checkpoint; returns a future for dcp-async (the write still running)."""
-    if variant == "before":
-        state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
-                   batches=trainer.batches, mesh=trainer.mesh, device=trainer.info.device,
-                   saved_with={"config": trainer.run_config(), "data": trainer.data_info.as_dict()},
-                   log=lambda msg: None)
-        return None
+    """One checkpoint; returns minddp's save in progress for folder-async (committed after the
+    next step)."""
+    if variant != "dcp":
+        return state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
+                          batches=trainer.batches, mesh=trainer.mesh, device=trainer.info.device,
+                          saved_with={"config": trainer.run_config(), "data": trainer.data_info.as_dict()},
+                          folder=variant != "file", background=variant == "folder-async",
+                          log=lambda msg: None)
     trainer.opt.wait_params()
-    where = str(folder / f"dcp_{step:08d}")
-    if variant == "dcp":
-        dcp.save(dcp_state(trainer), checkpoint_id=where, process_group=group)
-        return None
-    # its own group: the background write's collectives must not interleave with training's
-    return dcp.async_save(dcp_state(trainer), checkpoint_id=where, process_group=group)
+    dcp.save(dcp_state(trainer), checkpoint_id=str(folder / f"dcp_{step:08d}"), process_group=group)
+    return None
 
 
 def timed_step(trainer, step: int) -> float:
@@ -115,7 +114,7 @@ def bench(args) -> dict:
         step += 1
         timed_step(trainer, step)
     for r in range(args.rounds):
-        for v in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+        for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             normal = []
             for _ in range(args.normal):
                 step += 1
@@ -128,9 +127,11 @@ def bench(args) -> dict:
                 pending = save(v, trainer, step, run_dir, group)
                 ckpt = time.perf_counter() - t0
                 step += 1
-                after = timed_step(trainer, step)  # overlaps dcp-async's write
+                t1 = time.perf_counter()
+                trainer.train_step(step)  # overlaps folder-async's write
                 if pending is not None:
-                    pending.result()
+                    state.commit(pending, log=lambda msg: None)
+                after = time.perf_counter() - t1
             dist.barrier()
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             for p in run_dir.glob("dcp_*"):
@@ -155,7 +156,7 @@ def table(out: dict, args) -> str:
              f"ZeRO-1 {'on' if args.zero1 else 'off'}, gloo on CPU)", "",
              "Written by `make bench-checkpoint` (scripts/bench_checkpoint.py). Each round every variant "
              f"saves once, in rotated order; {args.rounds} rounds, medians (min-max). Ratios are over the "
-             "median normal step of the same round, so all three are from one run. What they decide: "
+             "median normal step of the same round, so all are from one run. What they decide: "
              "[checkpoints_at_scale.md](checkpoints_at_scale.md).", "",
              "| variant | normal step (s) | checkpoint step (s) | checkpoint / normal | next step / normal | "
              "rank 0 peak RSS over its level (MiB) | rank 1 (MiB) |", "|---|---|---|---|---|---|---|"]
