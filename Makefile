@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install train sweep test test-fast bench bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling docs gpu-check wheelhouse soak-faults lint clean
+.PHONY: help install train sweep test test-fast bench bench-compile bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling docs gpu-check wheelhouse soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 # torchrun gives each worker OMP_NUM_THREADS=1 unless set, and warns about it on every launch: set it
@@ -74,6 +74,12 @@ test-fast: install  ## the inner loop (< 60 s): tests/unit, dist, meta; no subpr
 bench: install  ## minddp vs torch DDP per bucket cap, then bench-memory: docs/bench_ddp.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp bench-ddp --out docs/bench_ddp.md
 	$(MAKE) bench-memory
+
+# whole-model torch.compile, minddp vs torch DDP, per-block and one graph, communication over a
+# modelled 2 Gbit/s link (a comm hook on both engines, no CPU): the overlap that gloo's sums hide here
+bench-compile: install  ## whole-model compile over a modelled link, minddp vs torch DDP: docs/bench_compile.md
+	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp bench-ddp --compile only --link-gbps 2 \
+	  --repeats 5 --rounds 6 --out docs/bench_compile.md
 
 # peak memory per rank, each configuration its own torchrun job (torch DDP, minddp DDP, ZeRO-1,
 # ZeroRedundancyOptimizer, ...; 10.8M and 50M GPT, dp 2 and 3): docs/bench_memory.{md,json}

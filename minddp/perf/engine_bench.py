@@ -8,7 +8,10 @@
    first two, forward / backward / optimizer-step times on the device's clock, state bytes;
 3. whole-model torch.compile: minddp and torch DDP around `torch.compile(model)`, minddp around
    per-block compile and around one whole graph: step time, exposed communication (backward
-   minus the same backward under no_sync).
+   minus the same backward under no_sync). With `link_gbps`, every configuration's buckets go
+   over a modelled link instead (minddp.perf.link: a comm hook on both engines' public
+   `register_comm_hook`; wall time, no CPU, gradients not averaged), so the overlap shows on
+   a machine whose cores would otherwise both compute and sum.
 The per-bucket CPU cost is engine_cost.per_bucket_cost.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -27,6 +31,7 @@ from ..optim.overlap import OverlappedOptimizer
 from ..optim.zero import ShardedOptimizer
 from .clock import PhaseClock, interleaved, sync, timed
 from .engine_cost import torch_buckets
+from .link import Link, link_hook
 from .memory import state_bytes
 from .workload import compiled, lm_loss
 
@@ -178,9 +183,10 @@ ONE_GRAPH = "minddp DDP(compile(model)), one graph"
 def compile_configs(base, backend: str, cap: float | None) -> list:
     """(label, wrapper) around a compiled GPT: the whole model (dynamo splits it at bucket
     boundaries for both engines), each block, and the whole model kept one graph (how minddp ran
-    it before it gave dynamo torch DDP's handshake)."""
+    it before it gave dynamo torch DDP's handshake). Each whole model is compiled on its own
+    (own_compile): the one graph never runs a split graph compiled for another."""
     def whole():
-        return compiled(copy.deepcopy(base), "model", backend)
+        return own_compile(copy.deepcopy(base), backend)
 
     blocks = compiled(copy.deepcopy(base), "blocks", backend)
     return [("minddp DDP(compile(model))", DistributedDataParallel(whole(), bucket_cap_mb=cap)),
@@ -189,38 +195,66 @@ def compile_configs(base, backend: str, cap: float | None) -> list:
             (ONE_GRAPH, DistributedDataParallel(whole(), bucket_cap_mb=cap))]
 
 
+def own_compile(model, backend: str):
+    """torch.compile(model) with graphs of its own. Dynamo keeps compiled graphs on the code object,
+    guarded by the module's type and shapes and the backend, not the instance: models compiled with
+    the same backend share them, and the one-graph setup, compiled after the split ones, ran their
+    split graph. `isolate_recompiles`, where torch.compile has it (2.13 does), gives each its own;
+    a torch without it shares them (its one-graph row is then no baseline)."""
+    isolate = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    return torch.compile(model, backend=backend, **({"isolate_recompiles": True} if isolate else {}))
+
+
 def step_and_local_backward(model, opt, x) -> list[float]:
     """[step, backward] of a synchronised step, the backward of the same step under no_sync (the
     difference of the backwards is the communication the backward did not hide, engine-agnostic),
-    and minddp's own end-of-backward wait (NaN for torch DDP, which does not say)."""
+    minddp's own end-of-backward wait (NaN for torch DDP, which does not say), and over a modelled
+    link: how long it still transferred after the last bucket left, and its transfer time of
+    every bucket of the step (NaN without one)."""
+    nan, link = float("nan"), getattr(model, "minddp_bench_link", None)
+    sent = link.sent_s if link is not None else nan
     forward, backward, optimizer = phased_step(model, opt, x)
-    wait = model.comm_stats.exposed_wait_s if isinstance(model, DistributedDataParallel) else float("nan")
+    wait = model.comm_stats.exposed_wait_s if isinstance(model, DistributedDataParallel) else nan
+    tail, sent = (link.tail_s(), link.sent_s - sent) if link is not None else (nan, nan)
     opt.zero_grad()
     with model.no_sync():
         loss = lm_loss(model, x)
         local = timed(loss.backward, x.device)
     opt.zero_grad()
-    return [forward + backward + optimizer, backward, local, wait]
+    return [forward + backward + optimizer, backward, local, wait, tail, sent]
+
+
+def over_link(ddp, gbps: float | None):
+    """`ddp` with its buckets sent over a modelled link of `gbps` Gbit/s (minddp.perf.link), kept
+    as `ddp.minddp_bench_link`; as it is without `gbps`."""
+    if gbps:
+        ddp.minddp_bench_link = Link(gbps)
+        ddp.register_comm_hook(ddp.minddp_bench_link, link_hook)
+    return ddp
 
 
 def compile_section(base, x, backend: str, cap: float | None, repeats: int, rounds: int,
-                    per_round: int) -> list[dict]:
-    """Per compiled setup: step time against torch DDP compiled (ratio of medians per repeat), step
-    and exposed communication (ms, per repeat)."""
-    configs = [(label, ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
+                    per_round: int, link_gbps: float | None = None) -> list[dict]:
+    """Per compiled setup: step time against torch DDP compiled (ratio of medians per repeat), step,
+    exposed communication, the backward under no_sync and, over a modelled link, the link's tail and
+    whole transfer (ms, per repeat)."""
+    configs = [(label, over_link(ddp, link_gbps), torch.optim.SGD(ddp.parameters(), lr=1e-4))
                for label, ddp in compile_configs(base, backend, cap)]
     for label, ddp, opt in configs:  # compile (and rebuild the buckets) before the clock runs
         with _compat.dynamo_one_graph() if label == ONE_GRAPH else contextlib.nullcontext():
             for _ in range(2):
                 step(ddp, opt, x)
-    rows = [{"label": label, "vs_torch": [], "step_ms": [], "exposed_ms": [], "wait_ms": []}
-            for label, _, _ in configs]
+    rows = [{"label": label, "vs_torch": [], "step_ms": [], "exposed_ms": [], "wait_ms": [], "local_ms": [],
+             "tail_ms": [], "transfer_ms": []} for label, _, _ in configs]
     steps = [lambda m=m, o=o: step_and_local_backward(m, o, x) for _, m, o in configs]
     for _ in range(repeats):
         med = interleaved(steps, rounds, per_round, x.device)
-        for row, (total, backward, local, wait) in zip(rows, med):
+        for row, (total, backward, local, wait, tail, transfer) in zip(rows, med):
             row["vs_torch"].append(total / med[1][0])
             row["step_ms"].append(total * 1e3)
             row["exposed_ms"].append((backward - local) * 1e3)
+            row["local_ms"].append(local * 1e3)
             row["wait_ms"].append(wait * 1e3)
+            row["tail_ms"].append(tail * 1e3)
+            row["transfer_ms"].append(transfer * 1e3)
     return rows

@@ -18,6 +18,14 @@
    around per-block compile and around one whole graph, interleaved the same way: step time
    against torch DDP compiled, and the exposed communication (backward minus the same backward
    under no_sync). `--compile only` runs this section alone, `--compile skip` leaves it out.
+   `--link-gbps G` (0: off) sends every configuration's buckets over a modelled link of G Gbit/s
+   and 50 us per bucket instead of gloo (minddp.perf.link: a comm hook through both engines'
+   `register_comm_hook`, completed by a timer thread; wall time, no CPU; the gradients are
+   divided by the world size, not averaged across ranks: a timing model). The compute stays
+   real, so the exposed communication is what each engine's overlap leaves of the transfer
+   (with overlap: about the last bucket's; without: all of it), which gloo's sums, competing
+   with backward for the same core, hide here. Also reported: how long the link still
+   transferred after the last bucket left (ms). `make bench-compile`: docs/bench_compile.md.
 4. Per-bucket CPU cost, which noise cannot move: communication stubbed out (a comm hook
    that returns a finished future) at a cap of one parameter per bucket, backward time
    minus the same model's backward without any wrapper, divided by the number of buckets.
@@ -56,6 +64,8 @@ def main() -> None:
     ap.add_argument("--compile-backend", default="aot_eager", help="torch.compile's backend there")
     ap.add_argument("--compile-cap", type=float, default=None,
                     help="bucket cap (MB) there; default torch's: 25 MB after a 1 MB first bucket")
+    ap.add_argument("--link-gbps", type=float, default=0.0,
+                    help="the compile section's buckets over a modelled link of this many Gbit/s (0: gloo)")
     args = ap.parse_args()
 
     device = start(args.backend, pin=True).device
@@ -67,10 +77,12 @@ def main() -> None:
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
     compiled = [] if args.compile == "skip" else compile_section(
-        base, x, args.compile_backend, args.compile_cap, args.repeats, args.rounds, args.steps_per_round)
+        base, x, args.compile_backend, args.compile_cap, args.repeats, args.rounds, args.steps_per_round,
+        args.link_gbps)
     if args.compile == "only":
         if rank == 0:
-            blocks = [setup_line(args, base, cfg, world), *compile_blocks(args, compiled)]
+            blocks = [*command_line(args), setup_line(args, base, cfg, world),
+                      *compile_blocks(args, compiled)]
             print(render.markdown(blocks), flush=True)
             if args.out:
                 render.write(args.out, blocks, {"compile": compiled})
@@ -95,6 +107,14 @@ def setup_line(args, base, cfg, world) -> str:
             f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
             f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
             "steps per configuration.")
+
+
+def command_line(args) -> list[str]:
+    """`make bench-compile`'s command, for its report alone."""
+    if not args.link_gbps:
+        return []
+    return ["Command: `make bench-compile` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp "
+            f"--compile only --link-gbps {args.link_gbps:g}`)"]
 
 
 def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms, compiled) -> list:
@@ -139,23 +159,44 @@ def optimizer_blocks(args, rows: list[dict]) -> list:
 
 
 def compile_blocks(args, rows: list[dict]) -> list:
-    """Whole-model compile: step time against torch DDP compiled, step and exposed communication."""
+    """Whole-model compile: step time against torch DDP compiled, step and exposed communication;
+    over a modelled link, the link's own tail and the backward under no_sync too."""
     if not rows:
         return []
 
     def wait(r):  # minddp's own; torch DDP does not say
         return render.median_spread(r["wait_ms"], ".1f") if r["wait_ms"][0] == r["wait_ms"][0] else ["-", "-"]
 
+    def linked(r):
+        return [*render.median_spread(r["tail_ms"], ".1f"), *render.median_spread(r["local_ms"], ".0f")]
+
     table = [[r["label"], *render.median_spread(r["vs_torch"]), *render.median_spread(r["step_ms"], ".0f"),
-              *render.median_spread(r["exposed_ms"], ".1f"), *wait(r)] for r in rows]
+              *render.median_spread(r["exposed_ms"], ".1f"), *wait(r), *(linked(r) if args.link_gbps else [])]
+             for r in rows]
+    header = ["configuration", "step vs torch DDP compiled: median", "spread", "step (ms)", "spread",
+              "exposed communication (ms)", "spread", "end-of-backward wait (ms)", "spread"]
+    if args.link_gbps:
+        header += ["link busy after the last bucket (ms)", "spread", "backward under no_sync (ms)", "spread"]
     caps = "1 MB first bucket, then 25 MB" if args.compile_cap is None else f"cap {args.compile_cap:g} MB"
     return [f"Whole-model torch.compile (backend {args.compile_backend}, {caps}; per repeat the medians "
             "over its rounds; exposed communication: the synchronised backward minus the same backward "
             "under no_sync; end-of-backward wait: how long minddp's finalize blocked on buckets still "
-            "in flight):",
-            render.table(["configuration", "step vs torch DDP compiled: median", "spread", "step (ms)",
-                          "spread", "exposed communication (ms)", "spread", "end-of-backward wait (ms)",
-                          "spread"], table)]
+            f"in flight){link_phrase(args, rows)}:", render.table(header, table)]
+
+
+def link_phrase(args, rows: list[dict]) -> str:
+    """The modelled link's parameters and its transfer of a whole step against the backward."""
+    if not args.link_gbps:
+        return ""
+    transfer = statistics.median(t for r in rows for t in r["transfer_ms"])
+    backward = statistics.median(t for r in rows for t in r["local_ms"])
+    return (f"; communication over a modelled link, not gloo: {args.link_gbps:g} Gbit/s, 50 us per bucket, "
+            f"every configuration's buckets through `register_comm_hook` (minddp.perf.link: a timer "
+            f"completes each bucket's future; wall time, no CPU; gradients divided by the world size, not "
+            f"averaged across ranks: a timing model). The transfer of all buckets of a step takes "
+            f"{transfer:.0f} ms, {transfer / backward:.0%} of the backward under no_sync ({backward:.0f} ms, "
+            "median over the configurations); link busy after the last bucket: the link's own exposed "
+            "transfer, from the bucket launch times alone")
 
 
 if __name__ == "__main__":
