@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError
 from .build import build_model
-from .checkpoint import all_checkpoints
+from .checkpoint import all_checkpoints, is_checkpoint_folder
 from .checkpoint import load as load_checkpoint
 from .data.tokens import read_meta
 
@@ -116,7 +116,7 @@ def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | N
 def read_checkpoint(target: Path, warn=None) -> tuple[Path, dict]:
     """A checkpoint file, or a run directory's newest readable one: a corrupt newer file is
     named to `warn` and the previous one used (generating changes nothing on disk)."""
-    if target.is_file():
+    if target.is_file() or is_checkpoint_folder(target):
         candidates = [target]
     elif target.is_dir():
         candidates = all_checkpoints(target)

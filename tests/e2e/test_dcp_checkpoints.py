@@ -161,3 +161,18 @@ def test_a_background_save_commits_after_the_next_step_and_resumes_bitwise(tmp_p
 def test_a_background_save_needs_the_folder_format(tmp_path):
     p = run_train(tmp_path / "run", *ARGS, "train.ckpt_async=true", check=False, timeout=60)
     assert p.returncode == 2 and "set train.ckpt_format=dcp too" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_folder_is_a_checkpoint_path_for_resume_and_sample(saved_run, tmp_path):
+    """train.resume=<run>/checkpoints/ckpt_<step> is that checkpoint (not a run dir to continue),
+    and `minddp sample` reads it as it reads a file."""
+    from minddp.train.generate import read_checkpoint
+
+    folder = checkpoint.all_checkpoints(saved_run)[1]
+    assert checkpoint.resume_run_dir(str(folder)) is None
+    path, state = checkpoint.resolve(tmp_path / "new", str(folder), "cpu")
+    assert (path, state["step"]) == (folder, 3)
+    assert read_checkpoint(folder)[1]["step"] == 3
+    p = run_train(tmp_path / "new", *ARGS, f"train.resume={folder}", nproc=1)
+    assert f"resumed from {folder} at step 3" in p.stdout + p.stderr

@@ -15,6 +15,7 @@ from .files import (
     CheckpointWriteError,
     all_checkpoints,
     checkpoint_dir,
+    is_checkpoint_folder,
     is_transient,
     latest,
     load,
@@ -23,5 +24,5 @@ from .files import (
 )
 
 __all__ = ["CheckpointError", "CheckpointReadError", "CheckpointWriteError", "all_checkpoints",
-           "checkpoint_dir", "is_transient", "latest", "load", "remove_crash_leftovers", "resolve",
-           "resolve_agreed", "resume_run_dir", "save", "shape_check"]
+           "checkpoint_dir", "is_checkpoint_folder", "is_transient", "latest", "load",
+           "remove_crash_leftovers", "resolve", "resolve_agreed", "resume_run_dir", "save", "shape_check"]

@@ -25,6 +25,7 @@ from .files import (
     CheckpointReadError,
     all_checkpoints,
     checkpoint_dir,
+    is_checkpoint_folder,
     listed,
     load,
     remove_crash_leftovers,
@@ -35,9 +36,9 @@ log = logging.getLogger("minddp")
 
 def resume_run_dir(resume: str) -> Path | None:
     """The run dir a `train.resume=<folder>` names: the folder, or its parent when the folder
-    is the checkpoints folder itself. None when resume is not a folder."""
+    is the checkpoints folder itself. None when resume is not a folder (or is a checkpoint's)."""
     p = Path(resume)
-    if resume in ("none", "auto") or not p.is_dir():
+    if resume in ("none", "auto") or not p.is_dir() or is_checkpoint_folder(p):
         return None
     return p.parent if p.name == "checkpoints" or listed(p) else p
 

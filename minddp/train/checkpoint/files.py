@@ -111,6 +111,12 @@ def listed(folder) -> list[Path]:
     return [p for *_, p in sorted(found, reverse=True)]
 
 
+def is_checkpoint_folder(path) -> bool:
+    """A `ckpt_<step>/` folder (train.ckpt_format=dcp): a checkpoint, not a run directory."""
+    p = Path(path)
+    return p.is_dir() and (m := _NAME.match(p.name)) is not None and not m.group(2)
+
+
 def latest(run_dir) -> Path | None:
     found = all_checkpoints(run_dir)
     return found[0] if found else None
