@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from .config import default_run_dir
+
 # what the trainer's stop handler does with each signal, and the exit code the README gives
 STOP_EXIT = {signal.SIGTERM: 0, signal.SIGUSR1: 0, signal.SIGINT: 130}
 
@@ -49,9 +51,16 @@ def resume_line(train_log: Path, since: float) -> str | None:
     return lines[at[-1] + 1].strip() if at else None
 
 
+def resume_of(argv: list[str]) -> str | None:
+    """The `train.resume=` override among torchrun's arguments (the script's come last)."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(("train.resume=", "++train.resume="))]
+    return given[-1] if given else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    run_dir = os.environ.setdefault("MINDDP_RUN_DIR", time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
+    # decided here by the trainer's own rule, so this process knows where train.log will be
+    run_dir = os.environ["MINDDP_RUN_DIR"] = default_run_dir(resume=resume_of(argv))
     started, stops = time.time(), []
     agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv], start_new_session=True)
 

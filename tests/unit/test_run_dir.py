@@ -17,14 +17,29 @@ register()
 
 
 def test_one_function_decides_the_run_dir():
-    """Only the resolver calls default_run_dir: no reader predicts the run dir again (train.py
-    did, from argv), and conf/ routes both Hydra folders through it."""
-    callers = [f"{p.relative_to(ROOT)}:{n}" for p in [ROOT / "train.py", *(ROOT / "minddp").rglob("*.py")]
-               for n, line in enumerate(p.read_text().splitlines(), 1)
+    """Only the resolver calls default_run_dir, and the launcher above torchrun (make train,
+    slurm/), which exports what it decided as MINDDP_RUN_DIR: no reader predicts the run dir
+    again (train.py did, from argv; the launcher had a rule of its own), and conf/ routes both
+    Hydra folders through it."""
+    callers = [f"{p.relative_to(ROOT)}" for p in [ROOT / "train.py", *(ROOT / "minddp").rglob("*.py")]
+               for line in p.read_text().splitlines()
                if re.search(r"default_run_dir\(", line) and "def default_run_dir" not in line]
-    assert callers == []
+    assert callers == ["minddp/train/launch.py"]
     conf = (ROOT / "conf" / "config.yaml").read_text()
     assert conf.count("${minddp.run_dir:") == 2  # hydra.run.dir and hydra.sweep.dir
+
+
+def test_the_launcher_continues_the_run_dir_train_resume_names(tmp_path, monkeypatch):
+    """make train ARGS=train.resume=<run dir>: the launcher's run dir is that one (it was a new
+    dated folder, which the resume then refused as another run dir)."""
+    from minddp.train.config import default_run_dir
+    from minddp.train.launch import resume_of
+
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.delenv("MINDDP_RUN_DIR", raising=False)
+    argv = ["--nproc_per_node=2", "train.py", "train.max_steps=9", f"train.resume={tmp_path}"]
+    assert resume_of(argv) == str(tmp_path) and resume_of(argv[:3]) is None
+    assert default_run_dir(resume=resume_of(argv)) == str(tmp_path)
 
 
 def test_the_run_dir_check_is_a_hydra_callback_that_exits_2_in_one_line(tmp_path, capsys):
