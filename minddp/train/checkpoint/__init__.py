@@ -2,6 +2,8 @@
 
     files.py        one file per step, written atomically by rank 0, listed, read back whole;
                     a corrupt file (CheckpointError) told apart from a failed read
+    folders.py      one folder per step through torch.distributed.checkpoint, each rank
+                    writing its part (train.ckpt_format=dcp); loaded into a file's state dict
     integrity.py    checksums of everything a checkpoint holds, its required layout, its shapes
     choice.py       which checkpoint a run resumes from (train.resume), agreed by every rank
 
