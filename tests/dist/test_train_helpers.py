@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from minddp.engine.ddp import DistributedDataParallel
 from minddp.errors import ConfigError
 from minddp.parallel.mesh import Mesh
-from minddp.train.build import build_optimizer, lr_factor
+from minddp.train.build import lr_factor
 from minddp.train.checkpoint import CheckpointError, CheckpointReadError
 from minddp.train.checkpoint import load as load_checkpoint
 from minddp.train.data import ArithmeticSequences, ShardedBatches
@@ -20,19 +19,12 @@ from minddp.train.resume import state
 from minddp.train.safety.guard import DivergedError, SkipGuard
 from minddp.train.safety.together import together
 from tests import launch
-
-
-def _outcome(fn):
-    """('ok', value) or (the exception's class name, its message): what a rank ended with."""
-    try:
-        return "ok", fn()
-    except Exception as e:  # noqa: BLE001 - the test compares every rank's
-        return type(e).__name__, str(e)
+from tests.training_state import CPU, outcome, setup, train
 
 
 # ------------------------------------------------------------------ fail together
 def _together(rank, world, failing, error, kw):
-    return _outcome(lambda: together(error if rank in failing else None, value=10 * rank, **kw))
+    return outcome(lambda: together(error if rank in failing else None, value=10 * rank, **kw))
 
 
 def test_no_failure_gives_every_ranks_value_on_every_rank():
@@ -70,46 +62,22 @@ def test_one_process_raises_its_own_error_without_a_collective():
 
 
 # ------------------------------------------------------------------ training state
-CPU = torch.device("cpu")
-
-
-def _setup(seed, device=CPU, shard=False):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
-    ddp = DistributedDataParallel(model, shard_optimizer=shard, bucket_cap_mb=0.0005)
-    o = SimpleNamespace(lr=1e-2, beta1=0.9, beta2=0.95, weight_decay=0.1, warmup_steps=2, min_lr=1e-3)
-    opt = build_optimizer(model, o, device, ddp)
-    factor = lambda step: lr_factor(step, o, 20)  # noqa: E731
-    sched = torch.optim.lr_scheduler.LambdaLR(opt.optim, factor)
-    return model, ddp, opt, sched, factor
-
-
-def _train(model, ddp, opt, sched, batches, steps):
-    for step in steps:
-        for x, y in batches.get(step - 1):
-            torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten()).backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-    opt.wait_params()  # ZeRO-1's all-gather of the updated parameters
-
-
 def _save_then_load(rank, world, run_dir, folder, shard):
     mesh = Mesh.create(world, 1, "cpu")
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
-    model, ddp, opt, sched, factor = _setup(0, shard=shard)
-    _train(model, ddp, opt, sched, batches, (1, 2, 3))
+    model, ddp, opt, sched, factor = setup(0, shard=shard)
+    train(model, ddp, opt, sched, batches, (1, 2, 3))
     state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
                saved_with={"config": {"note": "mine"}}, folder=folder, log=lambda line: None)
-    _train(model, ddp, opt, sched, batches, (4,))
+    train(model, ddp, opt, sched, batches, (4,))
     after = {k: v.clone() for k, v in model.state_dict().items()}
     saved = load_checkpoint(f"{run_dir}/checkpoints/ckpt_00000003{'' if folder else '.pt'}", "cpu")
-    model2, ddp2, opt2, sched2, factor2 = _setup(1, shard=shard)  # other weights, a fresh schedule
+    model2, ddp2, opt2, sched2, factor2 = setup(1, shard=shard)  # other weights, a fresh schedule
     state.load_model(model2, saved, mesh, "ckpt_00000003.pt")
     start = state.load_training_state(saved, opt=opt2, sched=sched2, lr_factor=factor2, mesh=mesh,
                                       rank=rank, device=CPU)
     lr = opt2.optim.param_groups[0]["lr"]
-    _train(model2, ddp2, opt2, sched2, batches, (4,))
+    train(model2, ddp2, opt2, sched2, batches, (4,))
     return start, saved["samples_seen"], saved["config"], lr, after, model2.state_dict()
 
 
@@ -134,8 +102,8 @@ def test_a_saved_state_loads_into_a_fresh_model_and_continues_exactly(tmp_path, 
 def _save_fails_on_rank_0(rank, world, run_dir, folder):
     mesh = Mesh.create(world, 1, "cpu")
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
-    model, ddp, opt, sched, _ = _setup(0)
-    return _outcome(lambda: state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
+    model, ddp, opt, sched, _ = setup(0)
+    return outcome(lambda: state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
                                        mesh=mesh, device=CPU, saved_with={}, folder=folder))
 
 
@@ -150,7 +118,7 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path, folder):
 
 # ------------------------------------------------------------------ skipped-steps guard
 def _guard(rank, world, nan, start, path):
-    model, ddp, opt, _, _ = _setup(0)
+    model, ddp, opt, _, _ = setup(0)
     if nan:
         with torch.no_grad():
             model[1].weight[0, 0] = math.nan
@@ -158,7 +126,7 @@ def _guard(rank, world, nan, start, path):
     guard.after_step(start + 1, True, model, opt)
     guard.after_step(start + 2, False, model, opt)  # a good step resets the count
     guard.after_step(start + 3, True, model, opt)
-    return _outcome(lambda: guard.after_step(start + 4, True, model, opt))
+    return outcome(lambda: guard.after_step(start + 4, True, model, opt))
 
 
 def test_the_guard_stops_every_rank_blaming_the_learning_rate_when_the_weights_are_finite():
@@ -169,12 +137,12 @@ def test_the_guard_stops_every_rank_blaming_the_learning_rate_when_the_weights_a
 
 
 def _guard_resumed(rank, world, path):
-    model, ddp, opt, _, _ = _setup(0)
+    model, ddp, opt, _, _ = setup(0)
     with torch.no_grad():
         model[1].weight[0, 0] = math.nan  # as loaded from the checkpoint, on every rank
     guard = SkipGuard(2, 3e-4, torch.device("cpu"), 6, path)
     guard.after_step(7, True, model, opt)
-    return _outcome(lambda: guard.after_step(8, True, model, opt))
+    return outcome(lambda: guard.after_step(8, True, model, opt))
 
 
 def test_the_guard_names_the_checkpoint_a_run_resumed_from_when_its_weights_are_nan():
@@ -183,50 +151,3 @@ def test_the_guard_names_the_checkpoint_a_run_resumed_from_when_its_weights_are_
         assert "the weights are NaN/inf, from the checkpoint this run resumed from, " \
                "run/checkpoints/ckpt_00000006.pt" in text, text
 
-
-def _save_on_a_disk_that_fills_up(rank, world, run_dir, small_state_fits):
-    import shutil as sh
-
-    import torch.distributed as dist
-
-    mesh = Mesh.create(world, 1, "cpu")
-    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
-    model, ddp, opt, sched, _ = _setup(0, shard=True)
-    _train(model, ddp, opt, sched, batches, (1,))
-
-    def save(step):
-        state.save(run_dir, step, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
-                   saved_with={}, folder=True, log=lambda line: None)
-
-    save(1)
-    if rank == 0:  # leave less than a checkpoint: room for its state.pt (DCP's files fail) or not
-        small = (run_dir / "checkpoints/ckpt_00000001/state.pt").stat().st_size
-        room = small + 8192 if small_state_fits else 0
-        (run_dir / "filler").write_bytes(b"\0" * (sh.disk_usage(run_dir).free - room))
-    dist.barrier()
-    return _outcome(lambda: save(2))
-
-
-@pytest.mark.slow  # it runs mount(8)
-@pytest.mark.parametrize("small_state_fits", [False, True], ids=["rank-0-fails", "dcp-fails"])
-def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_one(tmp_path, small_state_fits):
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if p.returncode:
-        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
-    try:
-        got = launch.ranks(_save_on_a_disk_that_fills_up, 2, mnt, small_state_fits)
-        for kind, text in got:
-            assert kind == "CheckpointWriteError", got
-            assert "could not write checkpoint" in text or "rank 0 could not save step 2" in text, got
-        dcp_said = got[1][1].startswith("could not write checkpoint")  # DCP raises on every rank itself
-        assert dcp_said == small_state_fits, got
-        assert "MiB free in" in got[0][1], got
-        assert "previous checkpoint is intact (ckpt_00000001)" in got[0][1], got
-        assert sorted(q.name for q in (mnt / "checkpoints").iterdir()) == ["ckpt_00000001"]  # no leftover
-        assert load_checkpoint(mnt / "checkpoints" / "ckpt_00000001", "cpu")["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)

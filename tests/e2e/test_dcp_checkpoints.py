@@ -10,9 +10,14 @@ import shutil
 import pytest
 import torch
 
+from minddp.parallel.mesh import Mesh
 from minddp.train import checkpoint
+from minddp.train.data import ArithmeticSequences, ShardedBatches
+from minddp.train.resume import state
+from tests import launch
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics
 from tests.launch import run_train
+from tests.training_state import CPU, outcome, setup, train
 
 ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=3", "train.eval_every=0"]
 DCP = "train.ckpt_format=dcp"
@@ -176,3 +181,53 @@ def test_a_folder_is_a_checkpoint_path_for_resume_and_sample(saved_run, tmp_path
     assert read_checkpoint(folder)[1]["step"] == 3
     p = run_train(tmp_path / "new", *ARGS, f"train.resume={folder}", nproc=1)
     assert f"resumed from {folder} at step 3" in p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- a full disk (real tmpfs)
+
+def _save_on_a_disk_that_fills_up(rank, world, run_dir, small_state_fits):
+    import shutil as sh
+
+    import torch.distributed as dist
+
+    mesh = Mesh.create(world, 1, "cpu")
+    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
+    model, ddp, opt, sched, _ = setup(0, shard=True)
+    train(model, ddp, opt, sched, batches, (1,))
+
+    def save(step):
+        state.save(run_dir, step, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+                   saved_with={}, folder=True, log=lambda line: None)
+
+    save(1)
+    if rank == 0:  # leave less than a checkpoint: room for its state.pt (DCP's files fail) or not
+        small = (run_dir / "checkpoints/ckpt_00000001/state.pt").stat().st_size
+        room = small + 8192 if small_state_fits else 0
+        (run_dir / "filler").write_bytes(b"\0" * (sh.disk_usage(run_dir).free - room))
+    dist.barrier()
+    return outcome(lambda: save(2))
+
+
+@pytest.mark.slow  # it runs mount(8)
+@pytest.mark.parametrize("small_state_fits", [False, True], ids=["rank-0-fails", "dcp-fails"])
+def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_one(tmp_path, small_state_fits):
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if p.returncode:
+        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
+    try:
+        got = launch.ranks(_save_on_a_disk_that_fills_up, 2, mnt, small_state_fits)
+        for kind, text in got:
+            assert kind == "CheckpointWriteError", got
+            assert "could not write checkpoint" in text or "rank 0 could not save step 2" in text, got
+        dcp_said = got[1][1].startswith("could not write checkpoint")  # DCP raises on every rank itself
+        assert dcp_said == small_state_fits, got
+        assert "MiB free in" in got[0][1], got
+        assert "previous checkpoint is intact (ckpt_00000001)" in got[0][1], got
+        assert sorted(q.name for q in (mnt / "checkpoints").iterdir()) == ["ckpt_00000001"]  # no leftover
+        assert checkpoint.load(mnt / "checkpoints" / "ckpt_00000001", "cpu")["step"] == 1
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
