@@ -70,9 +70,11 @@ test-fast: install  ## the inner loop (< 60 s): tests/unit, dist, meta; no subpr
 	MINDDP_TEST_FAST=1 $(PARALLEL) -m "not slow and not serial" tests/unit tests/dist tests/meta
 
 # Engine benchmark: minddp vs torch DDP at caps 1/5/25/100 MB (repeats, rotated rounds, ranks
-# pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md
-bench: install  ## minddp vs torch DDP per bucket cap, then bench-memory: docs/bench_ddp.md
+# pinned), bucket counts, per-bucket CPU cost with communication stubbed; writes docs/bench_ddp.md;
+# then whole-model compile over a modelled link (bench-compile) and peak memory (bench-memory)
+bench: install  ## minddp vs torch DDP per bucket cap, then bench-compile and bench-memory: docs/bench_*.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 -m minddp bench-ddp --out docs/bench_ddp.md
+	$(MAKE) bench-compile
 	$(MAKE) bench-memory
 
 # whole-model torch.compile, minddp vs torch DDP, per-block and one graph, communication over a
