@@ -121,9 +121,10 @@ def read_checkpoint(target: Path, warn=None) -> tuple[Path, dict]:
     elif target.is_dir():
         candidates = all_checkpoints(target)
     else:
-        raise SampleError(f"{target} does not exist: give a run directory or a checkpoint .pt file")
+        raise SampleError(f"{target} does not exist: give a run directory or a checkpoint (a .pt file "
+                          "or a ckpt_<step> folder)")
     if not candidates:
-        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a .pt file)")
+        raise SampleError(f"no checkpoint under {target}/checkpoints (a run directory or a checkpoint)")
     problems = []
     for path in candidates:
         try:

@@ -151,3 +151,25 @@ def test_the_guard_names_the_checkpoint_a_run_resumed_from_when_its_weights_are_
         assert "the weights are NaN/inf, from the checkpoint this run resumed from, " \
                "run/checkpoints/ckpt_00000006.pt" in text, text
 
+
+
+def _background_save_whose_staging_fails_on_rank_1(rank, world, run_dir):
+    from minddp.train.checkpoint import folders
+
+    mesh = Mesh.create(world, 1, "cpu")
+    batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
+    model, ddp, opt, sched, _ = setup(0, shard=True)
+    train(model, ddp, opt, sched, batches, (1,))
+    if rank == 1:  # its host copy fails (out of host memory): rank 0 must not start writing alone
+        def no_memory(tensors):
+            raise MemoryError("host out of memory")
+        folders.stage = no_memory
+    return outcome(lambda: state.save(run_dir, 1, model=model, opt=opt, sched=sched, batches=batches,
+                                      mesh=mesh, device=CPU, saved_with={}, folder=True, background=True))
+
+
+def test_a_background_save_that_one_rank_cannot_stage_stops_every_rank_without_a_leftover(tmp_path):
+    got = launch.ranks(_background_save_whose_staging_fails_on_rank_1, 2, tmp_path, timeout=60)
+    assert got[1] == ("MemoryError", "host out of memory"), got
+    assert got[0] == ("CheckpointWriteError", "rank 1 could not save step 1: MemoryError: host out of memory")
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # rank 0 removed the temporary folder

@@ -131,8 +131,14 @@ def remove_crash_leftovers(run_dir) -> list[Path]:
     for p in list(d.glob(_LEGACY_TMP)) if d.is_dir() else []:
         p.unlink(missing_ok=True)
         removed.append(p)
-    for p in [*d.glob(".ckpt_*.tmp-*"), *d.glob(".ckpt_*.old-*")] if d.is_dir() else []:
-        shutil.rmtree(p, ignore_errors=True)  # a folder save a crash interrupted (folders.py)
+    for p in sorted(d.glob(".ckpt_*.tmp-*")) if d.is_dir() else []:  # a folder save a crash interrupted
+        if folders.recover(p):
+            log.warning(f"{p} was a whole checkpoint whose rename a crash interrupted: put in place")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    for p in list(d.glob(".ckpt_*.old-*")) if d.is_dir() else []:  # replaced by a save of the same step
+        shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
     for p in removed:
         log.warning(f"removed {p}, a temporary file left by an interrupted write")
@@ -178,7 +184,7 @@ def _not_a_file(path) -> str | None:
 def load(path, device) -> dict:
     """A checkpoint whose layout and checksums are whole; CheckpointError if it is corrupt,
     CheckpointReadError (or the memory error itself) if reading it failed."""
-    if folders.is_folder_checkpoint(path):
+    if folders.is_folder(path):
         state = _load_folder(Path(path), device)
     elif problem := _not_a_file(path):
         raise CheckpointError(problem)

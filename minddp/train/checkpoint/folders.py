@@ -13,7 +13,9 @@ dict as a single-file checkpoint (so every reader, check and dp size takes eithe
 A ZeRO-1 optimizer saves each rank's own part of every state tensor (`zero_state.Piece`, under
 `<name>@<offset>`); a load joins the parts into the full tensor, which any dp size re-cuts.
 A save writes into `.ckpt_<step>.tmp-<id>/` and rank 0 renames it once every rank's files are
-written and checked: a crash leaves only a temporary folder (`remove_crash_leftovers`).
+written and checked: a crash leaves a temporary folder, removed at start-up, or put in place if
+only its rename was missing (`recover`). Every rank reads back files the others wrote: the run
+dir must be one every rank sees (a shared filesystem; node-local disks: ckpt_format=file).
 Loading is `no_dist` (any rank, any process, no collective), weights_only for state.pt.
 """
 
@@ -23,9 +25,11 @@ import functools
 import json
 import os
 import shutil
+import threading
 import uuid
 import warnings
 import zlib
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -81,22 +85,42 @@ def write_small(tmp: Path, small: dict) -> None:
         os.fsync(f.fileno())
 
 
-def write_tensors(tmp: Path, tensors: dict, background: bool = False):
+def stage(tensors: dict) -> dict:
+    """A host copy of every tensor, for a write in the background: training goes on changing
+    the originals. Every rank, before the write starts (its failure, e.g. out of host memory,
+    is agreed on every rank before any rank starts writing)."""
+    return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
+
+
+def write_tensors(tmp: Path, tensors: dict) -> None:
     """Every rank, a collective: DCP plans which rank writes each tensor, then each writes
-    its files (fsynced) and rank 0 the metadata, after every rank's writes. In the background:
-    DCP copies the tensors first (training goes on changing them), writes beside the next
-    step, and returns a future."""
-    writer = dcp.FileSystemWriter(tmp)
-    if background:
-        return dcp.async_save(tensors, storage_writer=writer, process_group=_background_group())
-    dcp.save(tensors, storage_writer=writer, no_dist=not dist.is_initialized())
-    return None
+    its files (fsynced) and rank 0 the metadata, after every rank's writes."""
+    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not dist.is_initialized())
+
+
+def write_in_background(tmp: Path, staged: dict) -> Future:
+    """`write_tensors` of a staged copy on a thread of its own and a group of its own (on the
+    training's group its collectives would interleave with the step's); a future of its end.
+    torch's `dcp.async_save` does the same but stages inside the call, where one rank's
+    failure would leave the others' writes waiting for it."""
+    done: Future = Future()
+    group = _background_group(dist.group.WORLD)
+
+    def write() -> None:
+        try:
+            dcp.save(staged, storage_writer=dcp.FileSystemWriter(tmp), process_group=group)
+            done.set_result(None)
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException: raised by result()
+            done.set_exception(e)
+
+    threading.Thread(target=write, name="minddp-checkpoint", daemon=True).start()
+    return done
 
 
 @functools.cache
-def _background_group():
-    """A group of its own for background writes, created once (a collective, at the first one):
-    on the training's group their collectives would interleave with the step's and hang."""
+def _background_group(world):
+    """A gloo group for background writes, one per process group `world` (made at the first
+    background write: a collective every rank reaches at the same step)."""
     return dist.new_group(backend="gloo")
 
 
@@ -118,20 +142,34 @@ def _crc(path: Path) -> int:
     return crc
 
 
-def commit(tmp: Path, final: Path, sums: dict) -> None:
-    """Rank 0, once every rank's files are written: integrity.json last, then the rename."""
+def publish(tmp: Path, final: Path, sums: dict) -> None:
+    """Rank 0, once every rank's files are written: integrity.json last, then the rename. The
+    same step saved again (a resumed run) replaces the old folder; a crash between the renames
+    leaves the new one whole (`recover` puts it in place)."""
     atomic_write(tmp / INTEGRITY, json.dumps(sums, indent=1, sort_keys=True))
     fsync_dir(tmp)
-    if final.exists():  # the same step saved again (a resumed run): the new one wins
-        aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+    aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+    if final.exists():
         final.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
     tmp.rename(final)
     fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover(tmp: Path) -> bool:
+    """A temporary folder left by a crash: put in place if its save was whole (integrity.json
+    written, only the rename missing) and nothing holds its name; True if it was."""
+    final = tmp.with_name(tmp.name.split(".tmp-")[0].lstrip("."))
+    if not (tmp / INTEGRITY).is_file() or final.exists():
+        return False
+    tmp.rename(final)
+    fsync_dir(final.parent)
+    return True
 
 
 # ----------------------------------------------------------------------------- load
-def is_folder_checkpoint(path) -> bool:
+def is_folder(path) -> bool:
+    """A folder not named like a file (`.pt`): loaded as a folder checkpoint, whatever its name."""
     return Path(path).is_dir() and not Path(path).name.endswith(".pt")
 
 
@@ -146,7 +184,7 @@ def load(folder: Path, device) -> dict:
     with warnings.catch_warnings():  # no_dist without a process group is what we mean
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
         dcp.load(targets, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    return _join(small, wholes)
+    return {k: (_join(v, wholes) if k in LARGE else v) for k, v in small.items()}
 
 
 def verify(folder: Path) -> None:
@@ -174,7 +212,7 @@ def _targets(folder: Path, small: dict, device) -> tuple[dict, dict]:
     into one per part of a joined tensor; ({DCP key: tensor}, {reference name: whole tensor})."""
     stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     targets, wholes = {}, {}
-    for ref in _refs(small):
+    for ref in (r for k in LARGE for r in _refs(small.get(k))):
         name = ref[REF]
         if "shape" not in ref:
             meta = _tensor_meta(stored, name)

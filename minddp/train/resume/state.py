@@ -31,7 +31,9 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     seen), so any dp can resume. `saved_with`: the run's config and data."""
     flight_recorder.set_context(phase="checkpoint")
     opt.wait_params()
-    own = folder and mesh.tp_size == 1  # tp splits tensors: they are gathered (over tp) either way
+    # tp splits tensors: with tp > 1 both formats write whole ones (gathered over tp, and a
+    # ZeRO-1 state over dp too); with tp = 1 a folder takes each rank's own tensors as they are
+    own = folder and mesh.tp_size == 1
     model_state = model.state_dict() if own else tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
     opt_state = opt.sharded_state_dict() if own else tp.full_optimizer_state(opt, model, mesh.tp_group,
                                                                               mesh.tp_size)
@@ -42,12 +44,16 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
                   "step": step, "epoch": epoch, "position_in_epoch": pos,
                   "samples_seen": batches.samples_seen(step), "rng": rng, **saved_with}
     if not folder:
-        return _said_saved(_save_file(run_dir, step, everything), log)
+        _said_saved(_save_file(run_dir, step, everything), log)
+        return None
     saving = _start_folder(run_dir, step, everything, background)
-    return saving if background else commit(saving, log)
+    if background:
+        return saving
+    commit(saving, log)
+    return None
 
 
-_KINDS = (checkpoint.CheckpointWriteError, checkpoint.CheckpointWriteError)
+_KINDS = (checkpoint.CheckpointWriteError,) * 2  # any failure of a save stops every rank as one
 
 
 def _said_saved(path: Path, log) -> None:
@@ -62,13 +68,13 @@ def _save_file(run_dir, step: int, everything: dict) -> Path:
             path = checkpoint.save(run_dir, step, everything)
         except Exception as e:  # noqa: BLE001 - every rank stops with it, below
             error = e
-    return Path(together(error, str(path), what=f"save step {step}", kinds=_KINDS)[0])
+    return together(error, path, what=f"save step {step}", kinds=_KINDS)[0]
 
 
 @dataclass
 class FolderSave:
-    """A folder checkpoint on its way: its temporary folder, and DCP's future while its tensors
-    are written in the background."""
+    """A folder checkpoint on its way: its temporary folder, and the future of the background
+    write while its staged tensors are written."""
 
     final: Path
     tmp: Path
@@ -77,33 +83,49 @@ class FolderSave:
 
 
 def _start_folder(run_dir, step: int, everything: dict, background: bool) -> FolderSave:
-    """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP)."""
+    """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP), or
+    stages a copy of them and writes it in the background."""
     final = checkpoint.checkpoint_dir(run_dir) / f"ckpt_{step:08d}"
     what = f"save step {step}"
     small, tensors = folders.split(everything)
-    saving = FolderSave(final, Path(_on_rank0(lambda: folders.begin(final), final, what)), what)
+    saving = FolderSave(final, _on_rank0(lambda: folders.begin(final), final, what), what)
     with _cleaned_up_on_error(saving):
         _on_rank0(lambda: folders.write_small(saving.tmp, small), final, what)
-        saving.writing = folders.write_tensors(saving.tmp, tensors, background)
+        if not background:
+            folders.write_tensors(saving.tmp, tensors)
+            return saving
+        staged, error = None, None
+        try:
+            staged = folders.stage(tensors)
+        except Exception as e:  # noqa: BLE001 - out of host memory on one rank: every rank stops
+            error = e
+        together(error, what=what, kinds=_KINDS)
+        saving.writing = folders.write_in_background(saving.tmp, staged)
     return saving
 
 
 def commit(saving: FolderSave, log=None) -> None:
     """Every rank: the tensors written, the files' checksums (split between the ranks), rank 0's
     rename. A failure anywhere stops every rank and leaves the previous checkpoint as it was."""
-    rank, world, tmp = dist.get_rank(), dist.get_world_size(), saving.tmp
     with _cleaned_up_on_error(saving):
         if saving.writing is not None:
             saving.writing.result()
-        names = together(None, sorted(os.listdir(tmp)) if rank == 0 else None)[0]
+            saving.writing = None
+        names = _on_rank0(lambda: sorted(os.listdir(saving.tmp)), saving.final, saving.what)
         sums, error = {}, None
         try:
-            sums = folders.checksums(tmp, folders.my_share(names, rank, world))
+            mine = folders.my_share(names, dist.get_rank(), dist.get_world_size())
+            sums = folders.checksums(saving.tmp, mine)
+        except FileNotFoundError as e:
+            error = checkpoint.CheckpointWriteError(
+                f"rank {dist.get_rank()} cannot see {e.filename}, which another rank wrote: "
+                "train.ckpt_format=dcp needs a run dir every rank sees (a shared filesystem); "
+                "with node-local disks use train.ckpt_format=file")
         except OSError as e:
             error = checkpoint.write_error(saving.final, e)
         parts = together(error, sums, what=saving.what, kinds=_KINDS)
         merged = {k: v for part in parts for k, v in part.items()}
-        _on_rank0(lambda: folders.commit(tmp, saving.final, merged), saving.final, saving.what)
+        _on_rank0(lambda: folders.publish(saving.tmp, saving.final, merged), saving.final, saving.what)
     _said_saved(saving.final, log)
 
 
@@ -132,7 +154,7 @@ def _on_rank0(action, final: Path, what: str):
         except Exception as e:  # noqa: BLE001 - every rank stops with it, below
             failed_write = isinstance(e, OSError) or checkpoint.is_write_failure(e)
             error = checkpoint.write_error(final, e) if failed_write else e
-    return together(error, None if result is None else str(result), what=what, kinds=_KINDS)[0]
+    return together(error, result, what=what, kinds=_KINDS)[0]
 
 
 def load_model(model, saved, mesh, path) -> None:

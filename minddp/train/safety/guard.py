@@ -47,7 +47,7 @@ class SkipGuard:
             where = (f"the checkpoint this run resumed from, {self.ckpt_path}" if self.start and
                      first == self.start + 1 else f"an update before step {first}")
             return (f"{head}: the weights are NaN/inf, from {where}. Resume from an earlier checkpoint "
-                    "(train.resume=<path of a ckpt_*.pt>)")
+                    "(train.resume=<path of a ckpt_<step>.pt or ckpt_<step>/>)")
         return (f"{head}: the weights are finite (largest |w| {value:.3g}) but the loss or gradient is "
                 f"not: optim.lr={self.lr:g} is likely too high; lower it (or raise "
                 "train.max_skipped_steps, 0 for no limit)")
