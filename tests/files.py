@@ -1,14 +1,17 @@
 """Files the tests write and read: token files in nanoGPT's and llm.c's formats, a text corpus,
-a pickle that runs code when loaded, a minimal checkpoint and ways to damage one, and what the
-tools write (markdown tables, plot lines)."""
+a pickle that runs code when loaded, a minimal checkpoint and ways to damage one, a small real
+disk that fills up, and what the tools write (markdown tables, plot lines)."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import random
+import subprocess
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from minddp.train import checkpoint
@@ -135,3 +138,18 @@ def md_rows(text: str) -> list[dict]:
 def line_data(ax):
     """A matplotlib axis's lines as (xs, ys)."""
     return [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+
+
+@contextlib.contextmanager
+def small_disk(where, size_mb: int):
+    """A tmpfs of `size_mb` mounted at `where` (root), unmounted after; the test is skipped
+    where mount is not permitted."""
+    where.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)],
+                       capture_output=True)
+    if p.returncode:
+        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)

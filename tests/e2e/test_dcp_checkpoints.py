@@ -16,6 +16,7 @@ from minddp.train.data import ArithmeticSequences, ShardedBatches
 from minddp.train.resume import state
 from tests import launch
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics
+from tests.files import small_disk
 from tests.launch import run_train
 from tests.training_state import CPU, outcome, setup, train
 
@@ -211,14 +212,7 @@ def _save_on_a_disk_that_fills_up(rank, world, run_dir, small_state_fits):
 @pytest.mark.slow  # it runs mount(8)
 @pytest.mark.parametrize("small_state_fits", [False, True], ids=["rank-0-fails", "dcp-fails"])
 def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_one(tmp_path, small_state_fits):
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if p.returncode:
-        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
-    try:
+    with small_disk(tmp_path / "small", 2) as mnt:
         got = launch.ranks(_save_on_a_disk_that_fills_up, 2, mnt, small_state_fits)
         for kind, text in got:
             assert kind == "CheckpointWriteError", got
@@ -229,5 +223,3 @@ def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_on
         assert "previous checkpoint is intact (ckpt_00000001)" in got[0][1], got
         assert sorted(q.name for q in (mnt / "checkpoints").iterdir()) == ["ckpt_00000001"]  # no leftover
         assert checkpoint.load(mnt / "checkpoints" / "ckpt_00000001", "cpu")["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)

@@ -8,7 +8,7 @@ import torch
 from minddp.train import checkpoint
 from minddp.train.config import register
 from tests.conftest import SMALL, compose_config, metrics
-from tests.files import TINY_STATE, snapshot
+from tests.files import TINY_STATE, small_disk, snapshot
 from tests.launch import run_train
 
 register()
@@ -16,21 +16,12 @@ register()
 
 @pytest.mark.slow  # it runs mount(8); about a second
 def test_a_real_full_disk_is_a_checkpoint_write_error_and_the_previous_one_stays(tmp_path):
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
-    if p.returncode:
-        pytest.skip(f"mount -t tmpfs not permitted: {p.stderr.decode().strip()}")
-    try:
+    with small_disk(tmp_path / "small", 4) as mnt:
         checkpoint.save(mnt, 1, {**TINY_STATE, "step": 1})
         with pytest.raises(checkpoint.CheckpointWriteError, match=r"MiB free in .*small/checkpoints"):
             checkpoint.save(mnt, 2, {**TINY_STATE, "model": {"w": torch.ones(2**20)}, "step": 2})  # 4 MiB
         assert [q.name for q in (mnt / "checkpoints").iterdir()] == ["ckpt_00000001.pt"]
         assert checkpoint.load(checkpoint.latest(mnt), "cpu")["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 # ------------------------------------------------------------ end to end (slow)
