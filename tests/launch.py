@@ -199,7 +199,15 @@ def _rank_main(argv, env, cwd, out_path, err_path) -> None:
 
 def script(argv, nproc=1, env=None, cwd=None, timeout=180.0) -> subprocess.CompletedProcess:
     """Run argv (what follows `python`) on nproc ranks; returncode is 0, else the lowest failed
-    rank's code (a signal: minus its number); `returncodes` holds every rank's."""
+    rank's code (a signal: minus its number); `returncodes` holds every rank's. Started again,
+    once, if rank 0's store lost its free port to another process before it bound it."""
+    p = _script(argv, nproc, env, cwd, timeout)
+    if nproc > 1 and p.returncode and "EADDRINUSE" in p.stderr:
+        p = _script(argv, nproc, env, cwd, timeout)
+    return p
+
+
+def _script(argv, nproc, env, cwd, timeout) -> subprocess.CompletedProcess:
     env = dict(os.environ if env is None else env)
     if nproc > 1:
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
