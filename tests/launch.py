@@ -339,3 +339,14 @@ def train_until_sigterm(run_dir, *overrides, rows: int, timeout: float = 120) ->
         out, _ = agent.communicate(timeout=120)
     return out
 
+
+def ask_driver(driver, name: str, timeout_s: float) -> tuple[str, str]:
+    """(status, text) of test `name` run by a torch-suite driver process (`conn`, `proc`, ...),
+    which keeps torch's harness alive between tests; a driver that does not answer is killed."""
+    conn, proc = driver[0], driver[1]
+    assert proc.is_alive(), "the driver died in an earlier test"
+    conn.send(name)
+    if not conn.poll(timeout_s):
+        proc.kill()
+        raise AssertionError(f"{name}: no answer from the driver in {timeout_s} s")
+    return conn.recv()

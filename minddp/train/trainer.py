@@ -235,14 +235,14 @@ class Trainer:
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
         self.guard.after_step(step, result.skipped, self.model, self.opt)
-        self.checkpoint(step, last=step == t.max_steps or stopping)
+        self.save_if_due(step, last=step == t.max_steps or stopping)
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
                               + resume_command(self.run_dir))
         return stopping
 
-    def checkpoint(self, step: int, last: bool) -> None:
+    def save_if_due(self, step: int, last: bool) -> None:
         """Commit the save written beside this step (train.ckpt_async), then save if one is due:
         in the background unless it is the run's last."""
         t = self.t

@@ -59,6 +59,15 @@ class AllInsideCheckpoints(CheckpointOnce):
         return checkpoint(self.l2, x, use_reentrant=self.use_reentrant)
 
 
+def _as_torch(per_rank: list[dict]) -> list[dict]:
+    """Every rank's tensors under minddp equal, bitwise, its tensors under torch DDP."""
+    for got in per_rank:
+        assert len(got["torch"]) == len(got["minddp"])
+        for x, y in zip(got["torch"], got["minddp"]):
+            assert torch.equal(x, y)
+    return per_rank
+
+
 def _shared_sequential():
     l1, l2 = nn.Linear(20, 20), nn.Linear(20, 20)
     l1.weight = l2.weight
@@ -187,10 +196,7 @@ def _outside(rank, world_size):
 
 
 def test_backward_outside_a_ddp_forward_leaves_the_local_gradient_as_torch():
-    per_rank = launch.ranks(_outside, 2)
-    for got in per_rank:
-        for x, y in zip(got["torch"], got["minddp"]):
-            assert torch.equal(x, y)
+    per_rank = _as_torch(launch.ranks(_outside, 2))
     assert not torch.equal(per_rank[0]["minddp"][4], per_rank[1]["minddp"][4])  # local: differs
 
 
@@ -238,9 +244,7 @@ def _input_gradient_then_loss(rank, world_size, find_unused):
 
 @pytest.mark.parametrize("find_unused", [False, True])
 def test_a_backward_to_the_input_only_leaves_the_iteration_to_the_real_backward(find_unused):
-    for per_rank in launch.ranks(_input_gradient_then_loss, 2, find_unused):
-        for x, y in zip(per_rank["torch"], per_rank["minddp"]):
-            assert torch.equal(x, y)
+    _as_torch(launch.ranks(_input_gradient_then_loss, 2, find_unused))
 
 
 class LossInside(nn.Module):
@@ -324,8 +328,5 @@ def _forward_raises_then_no_sync(rank, world_size):
 
 
 def test_a_forward_that_raised_starts_no_iteration():
-    per_rank = launch.ranks(_forward_raises_then_no_sync, 2)
-    for got in per_rank:
-        for x, y in zip(got["torch"], got["minddp"]):
-            assert torch.equal(x, y)
+    per_rank = _as_torch(launch.ranks(_forward_raises_then_no_sync, 2))
     assert not torch.equal(per_rank[0]["minddp"][0], per_rank[1]["minddp"][0])  # local: differs

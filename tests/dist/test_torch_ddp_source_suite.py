@@ -165,13 +165,7 @@ def _case(name):
 @pytest.mark.slow  # a conformance run, make test's
 @pytest.mark.parametrize("name", [_case(n) for n in SELECTED])
 def test_torch_source_ddp(name, driver):
-    conn, proc, _ = driver
-    assert proc.is_alive(), "the driver died in an earlier test"
-    conn.send(name)
-    if not conn.poll(TIMEOUT_S + 60):  # torch's harness times the ranks out first
-        proc.kill()
-        raise AssertionError(f"{name}: no answer from the driver in {TIMEOUT_S + 60} s")
-    status, text = conn.recv()
+    status, text = launch.ask_driver(driver, name, TIMEOUT_S + 60)  # torch's harness times ranks out first
     assert status == "passed", f"{status}: {text}"
 
 

@@ -317,13 +317,7 @@ def _case(name):
 @pytest.mark.slow  # a conformance run (~30 s idle, 2 cores), make test's; test-fast runs the two below
 @pytest.mark.parametrize("name", [_case(n) for n in CPU + GPU])
 def test_torch_ddp(name, driver):
-    conn, proc = driver
-    assert proc.is_alive(), "the driver died in an earlier test"
-    conn.send(name)
-    if not conn.poll(TIMEOUT_S + 60):  # torch's harness times the ranks out first
-        proc.kill()
-        raise AssertionError(f"{name}: no answer from the driver in {TIMEOUT_S + 60} s")
-    status, text = conn.recv()
+    status, text = launch.ask_driver(driver, name, TIMEOUT_S + 60)  # torch's harness times ranks out first
     if status == "skipped":
         pytest.skip(text)
     assert status == "passed", text
