@@ -139,7 +139,7 @@ docs: install  ## regenerate docs/timeline*.{json,png} and docs/scaling.{md,png}
 
 # on a CUDA machine (< 10 min, 1 or more GPUs): the engine against torch DDP on nccl and on gloo with
 # CUDA tensors, no host sync in a steady step, overlap in a profiler trace, flat memory, the flight
-# recorder, the trainer in bf16 (MFU, resume, SIGTERM), tp=2, the demos, the nccl collective table.
+# recorder, the trainer in bf16 (MFU, resume, SIGTERM), folder checkpoints in the background, tp=2, the demos, the nccl collective table.
 # One verdict per line, logs and summary.json under gpu_check/; no usable CUDA: one line, exit 1
 # Any Python with a CUDA torch (PYTHON=python3: the node's own, never reinstalled); what it lacks comes
 # from wheelhouse/ with no index, into .venv-gpu (a venv that sees that torch). Default: .venv's Python.

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import site
 import subprocess
@@ -305,6 +306,26 @@ def check_trainer(gpus: int, out: Path) -> bool:
                           f"steps logged {steps[:3]}...{steps[-3:]}; {t}")
 
 
+def check_folder_checkpoints(gpus: int, out: Path, model: list[str] = SMALL) -> bool:
+    """train.ckpt_format=dcp with ZeRO-1, saved in the background from CUDA tensors (a host copy,
+    then DCP on a gloo group beside nccl): step 5's folder, written beside step 6, resumes."""
+    run_dir = out / "dcp_run"
+    env = {"MINDDP_RUN_DIR": str(run_dir)}
+    base = [*model, f"train.global_batch_size={16 * gpus}", "train.ckpt_every=5", "train.log_every=1",
+            "train.ckpt_format=dcp", "train.ckpt_async=true", "ddp.shard_optimizer=true"]
+    ok, t = run("dcp_save", torchrun(gpus, "train.py", *base, "train.max_steps=10"), out, 120, env)
+    folders = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*")) if ok else []
+    saved = folders == ["ckpt_00000005", "ckpt_00000010"]
+    if saved:
+        shutil.rmtree(run_dir / "checkpoints" / "ckpt_00000010")  # resume from the background one
+    ok, t2 = run("dcp_resume", torchrun(gpus, "train.py", *base, "train.max_steps=8", "train.resume=auto"),
+                 out, 120, env) if saved else (False, "not run")
+    steps = [r["step"] for r in metrics(run_dir)]
+    resumed = ok and steps[-3:] == [6, 7, 8]
+    return verdict("folder checkpoints (dcp, background, ZeRO-1)", saved and resumed,
+                   f"folders {folders}; steps after the resume {steps[-3:]}; {t}; {t2}")
+
+
 def check_sigterm(gpus: int, out: Path) -> bool:
     """SIGTERM to every worker after step 5 (as Slurm sends it to each task): the step finishes, a
     checkpoint at that step is written and loads, the run exits 0."""
@@ -437,7 +458,8 @@ def main() -> None:
     say(f"gpu-check on {gpus} x {name} (torch {torch.__version__}, CUDA {torch.version.cuda}; minddp needs "
         f"torch >= {_compat.TORCH_FLOOR}), logs in {out}/, budget {BUDGET_S} s")
     items = [lambda: check_worker("nccl", gpus, out), lambda: check_worker("gloo-cuda", 2, out),
-             lambda: check_trainer(gpus, out), lambda: check_sigterm(gpus, out), lambda: check_tp(gpus, out),
+             lambda: check_trainer(gpus, out), lambda: check_folder_checkpoints(gpus, out),
+             lambda: check_sigterm(gpus, out), lambda: check_tp(gpus, out),
              lambda: check_bench(gpus, out), lambda: check_demos(gpus, out)]
     good = True
     for i, item in enumerate(items, 1):  # every item runs; one past the budget is a FAIL saying so

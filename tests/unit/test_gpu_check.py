@@ -176,6 +176,18 @@ def test_the_sigterm_item_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     assert word == "PASS" and "exit 0" in detail, detail
 
 
+@pytest.mark.slow
+def test_the_folder_checkpoint_item_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """The item's machinery without a GPU (a small model: the CPU is slow): a background-saved
+    folder at step 5 resumes to 8."""
+    monkeypatch.setattr(gc, "RESULTS", {})
+    tiny = ["model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.block_size=32",
+            "train.micro_batch_size=16", "train.eval_every=0", "wandb.mode=disabled"]
+    assert gc.check_folder_checkpoints(1, tmp_path, tiny), gc.RESULTS
+    word, detail = gc.RESULTS["folder checkpoints (dcp, background, ZeRO-1)"].values()
+    assert word == "PASS" and "[6, 7, 8]" in detail, detail
+
+
 class _Torch:  # what why_no_cuda reads of torch: a CPU-only build
     __version__ = "2.13.0+cpu"
 
