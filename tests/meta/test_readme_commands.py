@@ -1,0 +1,154 @@
+"""Every command README.md prints in its ```bash blocks can run, checked in a form that needs no
+cluster and trains nothing: a make target by `make -n`; a `minddp <tool>` line by that tool's own
+argparse; `python`/`torchrun train.py` by torchrun's parser and Hydra composing the overrides; a
+script in slurm/ (or sbatch of one) by its dry run (MINDDP_DRY_RUN=1) with the environment sbatch
+would give the job, for every array task, and the overrides its launch line passes on composed.
+A command that no check here covers fails: add its check."""
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from tests import commands
+from tests.commands import SCRIPTS, Command, doc_commands, dry_run_line, run_script
+from tests.conftest import ROOT, compose_config
+
+COMMANDS = doc_commands(ROOT / "README.md")
+SLOW = ("make", "sbatch", "slurm/")  # these start a process (make -n, bash)
+
+
+class Accepted(Exception):
+    """A tool's argparse took the arguments; the tool itself does not run."""
+
+
+def check_tool(command, monkeypatch):
+    from minddp.tools import main
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)  # a bad argument: its usage line and SystemExit(2)
+        raise Accepted
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the tools' entry sets sys.argv
+    with pytest.raises(Accepted):
+        main(command.args)
+
+
+def first_of_each_sweep(overrides: list[str]) -> list[str]:
+    """Hydra overrides with each sweep (`k=a,b`) at its first value: one job of the multirun."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return [f"{o.get_key_element()}={next(o.sweep_string_iterator())}" if o.is_sweep_override()
+            else o.input_line for o in OverridesParser.create().parse_overrides(overrides)]
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """train.py's config composes with these overrides (a misspelled key or a wrong type fails)."""
+    from minddp.train.config import register
+
+    register()
+    compose_config(*first_of_each_sweep([o for o in overrides if o != "-m"]))
+
+
+def check_train(command, monkeypatch):
+    script = next(i for i, a in enumerate(command.args) if a.endswith(".py"))
+    assert command.args[script] == "train.py" and (ROOT / "train.py").is_file(), command.line
+    if command.prog == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        get_args_parser().parse_args([*command.args[:script], "train.py"])
+    else:
+        assert command.args[:script] == [], command.line
+    check_overrides(command.args[script + 1:])
+
+
+def check_make(command, monkeypatch):
+    assignments = dict(a.split("=", 1) for a in command.args[1:])
+    p = subprocess.run(["make", "-n", *command.args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"README: {command.line}: make -n: {p.stderr[-2000:]}"
+    for key in ("ARGS", "SWEEP"):  # the Hydra overrides the target passes on
+        if key in assignments:
+            check_overrides(shlex.split(assignments[key]))
+
+
+def check_script(command, monkeypatch):
+    """slurm/X.sh ARGS, or sbatch [OPTIONS] slurm/X.sbatch ARGS: the dry run of every task of
+    the job, in the environment sbatch would give it."""
+    at = next(i for i, a in enumerate([command.prog, *command.args]) if a.startswith("slurm/"))
+    words = [command.prog, *command.args]
+    script, options, overrides = ROOT / words[at], words[1:at], words[at + 1:]
+    assert script in SCRIPTS, command.line
+    jobs = [{}]
+    if command.prog == "sbatch":
+        opts = commands.sbatch_options(script, options)
+        jobs = [commands.slurm_job_env(opts, task=task) for task in commands.array_tasks(opts)]
+    for job in jobs:
+        p = run_script(script, overrides, {**job, **command.env}, dry=True)
+        assert p.returncode == 0, f"README: {command.line} ({job.get('SLURM_ARRAY_TASK_ID', '')}): {p.stderr}"
+        line = dry_run_line(p)
+        assert line[len(line) - len(overrides):] == overrides, line
+        check_overrides(line[line.index("train.py") + 1:])
+
+
+def check_source(command, monkeypatch):
+    makefile = (ROOT / "Makefile").read_text()
+    assert command.args == [".venv/bin/activate"] and re.search(r"^VENV\s*\?=\s*\.venv$", makefile, re.M)
+
+
+def check_export(command, monkeypatch):
+    """A variable something here reads: torchrun's OMP_NUM_THREADS, or the scripts' own."""
+    for assignment in command.args:
+        name = assignment.split("=", 1)[0]
+        assert name == "OMP_NUM_THREADS" or name in (ROOT / "slurm" / "common.sh").read_text(), command.line
+
+
+CHECKS = {"minddp": check_tool, "python": check_train, "torchrun": check_train, "make": check_make,
+          "sbatch": check_script, "source": check_source, "export": check_export}
+
+
+def check_for(command):
+    return check_script if command.prog.startswith("slurm/") else CHECKS.get(command.prog)
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(c, id=c.line[:70], marks=[pytest.mark.slow] if c.prog.startswith(SLOW) else [])
+    for c in COMMANDS])
+def test_every_readme_command_runs_in_a_form_without_a_cluster(command, monkeypatch):
+    check = check_for(command)
+    assert check, f"README.md prints `{command.line}` and no check here covers `{command.prog}`: add one"
+    check(command, monkeypatch)
+
+
+def test_the_readme_prints_every_slurm_script_and_each_kind_of_command():
+    shown = {ROOT / w for c in COMMANDS for w in [c.prog, *c.args] if w.startswith("slurm/")}
+    assert shown == {s for s in SCRIPTS if s.name != "common.sh"}, sorted(map(str, shown))
+    assert {c.prog for c in COMMANDS} >= {"make", "minddp", "python", "torchrun", "sbatch"}
+
+
+def test_the_checks_catch_what_cannot_run(monkeypatch):
+    """A bad tool argument, a misspelled key, a program no check covers: each fails."""
+    with pytest.raises(SystemExit):
+        check_tool(Command("", {}, "minddp", ["scaling", "--mode", "sideways"]), monkeypatch)
+    with pytest.raises(Exception, match="max_stepz"):
+        check_train(Command("", {}, "python", ["train.py", "train.max_stepz=5"]), monkeypatch)
+    with pytest.raises(Exception, match="max_stepz"):
+        check_overrides(["-m", "train.max_stepz=1,2"])
+    assert check_for(Command("", {}, "deepspeed", [])) is None
+
+
+@pytest.mark.slow
+def test_the_script_and_make_checks_catch_what_cannot_run(monkeypatch):
+    with pytest.raises(AssertionError, match="make -n"):
+        check_make(Command("make no-such-target", {}, "make", ["no-such-target"]), monkeypatch)
+    sweep = ["--array=0-3", "slurm/sweep.sbatch"]  # four tasks, three values
+    with pytest.raises(AssertionError, match="no value"):
+        check_script(Command("sbatch", {"SWEEP_KEY": "nproc", "SWEEP_VALUES": "1 2 4"}, "sbatch", sweep),
+                     monkeypatch)
+    with pytest.raises(AssertionError, match="HEAD"):
+        check_script(Command("slurm/multinode_manual.sh", {}, "slurm/multinode_manual.sh", []), monkeypatch)
