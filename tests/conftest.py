@@ -37,6 +37,52 @@ def _no_subprocess_in_test_fast(request, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
+# ------------------------------------- the suite writes only to temporary folders, never the checkout
+# where a run, a sweep or W&B lands by default: what `minddp report outputs` would list as the user's
+DEFAULT_OUTPUTS = ("outputs", "multirun", "wandb")
+_BEFORE = pytest.StashKey[set]()
+_BLAMED = pytest.StashKey[dict]()
+
+
+def repo_outputs() -> set[str]:
+    return {f"{d}/{name}" for d in DEFAULT_OUTPUTS if (ROOT / d).is_dir() for name in os.listdir(ROOT / d)}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = repo_outputs()
+    session.config.stash[_BLAMED] = {}
+
+
+@pytest.fixture(autouse=True)
+def _note_what_a_test_leaves_in_the_checkout(request):
+    """Which test left it (one process only: under xdist another worker's test may be the one)."""
+    before = repo_outputs() if "PYTEST_XDIST_WORKER" not in os.environ else None
+    yield
+    if before is not None:
+        for entry in repo_outputs() - before:
+            request.config.stash[_BLAMED].setdefault(entry, request.node.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A session that leaves a run in outputs/, multirun/ or wandb/ of the checkout fails, naming
+    it (and the test, where one process ran them all): tests write under tmp_path."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checks once
+        return
+    left = sorted(repo_outputs() - session.config.stash.get(_BEFORE, set()))
+    if not left:
+        return
+    blamed = session.config.stash.get(_BLAMED, {})
+    lines = [f"  {ROOT / e}" + (f"  (left by {blamed[e]})" if e in blamed else "") for e in left]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write("\n")  # after the progress line
+        reporter.write_line("minddp: the tests left these in the checkout (tests write under tmp_path):",
+                            red=True)
+        for line in lines:
+            reporter.write_line(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture
 def corpus(tmp_path):
     """A small text file to prepare."""
