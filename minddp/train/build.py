@@ -22,7 +22,8 @@ def build_model(m, vocab_size: int) -> torch.nn.Module:
     if (problem := size_problem(m, vocab_size)) is not None:
         raise ConfigError(problem)
     cls, cfg_cls = (GPT, GPTConfig) if m.name == "gpt" else (MLP, MLPConfig)
-    kwargs = {f.name: m[f.name] for f in dataclasses.fields(cfg_cls)}
+    # a key an older config lacks (a checkpoint's, before model.activation) keeps its default
+    kwargs = {f.name: m[f.name] if f.name in m else f.default for f in dataclasses.fields(cfg_cls)}
     return cls(cfg_cls(**{**kwargs, "vocab_size": vocab_size}))
 
 

@@ -49,6 +49,7 @@ Device = Choice("Device", {v: v for v in ("auto", "cpu", "cuda")}, module=__name
 CkptFormat = Choice("CkptFormat", {v: v for v in ("file", "dcp")}, module=__name__)
 Compile = Choice("Compile", {v: v for v in ("none", "whole", "blocks")}, module=__name__)
 TokenDtype = Choice("TokenDtype", {v: v for v in ("auto", "uint8", "uint16", "uint32")}, module=__name__)
+Activation = Choice("Activation", {v: v for v in ("gelu", "gelu_tanh")}, module=__name__)
 FLIGHT_RECORDER_MAX = 1_000_000  # torch keeps every entry in memory; past 2**31 its set-up hangs
 
 
@@ -59,6 +60,11 @@ FLIGHT_RECORDER_MAX = 1_000_000  # torch keeps every entry in memory; past 2**31
 class GPTModel(GPTConfig):
     name: str = "gpt"
     vocab_size: Optional[int] = None
+    # gelu: torch's exact GELU | gelu_tanh: its tanh approximation (GPT-2's, HF's gelu_new)
+    activation: Activation = Activation.gelu
+    # a Hugging Face save_pretrained folder of a GPT-2: a fresh run starts from its weights, and
+    # conf/model/gpt.yaml's sizes default to its config.json's (minddp/train/init_from.py)
+    init_from: Optional[str] = None
 
 
 @dataclass
@@ -211,9 +217,14 @@ def register() -> None:
 
 
 def register_resolvers() -> None:
-    """Resolvers that make every rank of one job agree on one run directory."""
+    """Resolvers: one run directory that every rank of a job agrees on; model sizes from
+    model.init_from's folder."""
     if not OmegaConf.has_resolver("minddp.run_dir"):
         OmegaConf.register_new_resolver("minddp.run_dir", default_run_dir)
+    if not OmegaConf.has_resolver("minddp.init_from"):  # model.* sizes from model.init_from's folder
+        from .init_from import folder_default
+
+        OmegaConf.register_new_resolver("minddp.init_from", folder_default)
 
 
 def default_run_dir(prefix: str = "outputs", resume: str | None = None) -> str:
@@ -384,6 +395,7 @@ def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
     from ..engine.checks import option_problems
     from .build import size_problem
+    from .init_from import problems as init_from_problems
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,
@@ -404,6 +416,7 @@ def _setting_problems(cfg):
         yield too_big
     if m.name == "gpt" and not 0 <= m.dropout < 1:
         yield f"model.dropout must be in [0, 1), got {m.dropout}"
+    yield from init_from_problems(m)
     if not (o.lr > 0 and 0 <= o.min_lr <= o.lr):
         yield f"optim.lr must be > 0 and 0 <= optim.min_lr <= optim.lr, got lr={o.lr}, min_lr={o.min_lr}"
     if not (o.warmup_steps >= 0 and o.grad_clip >= 0 and o.weight_decay >= 0):

@@ -24,6 +24,12 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    # gelu: torch's exact GELU (erf) | gelu_tanh: its tanh approximation, what GPT-2 computes
+    # (Hugging Face's activation_function gelu_new)
+    activation: str = "gelu"
+
+
+GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # GPTConfig.activation -> F.gelu's argument
 
 
 class CausalSelfAttention(nn.Module):
@@ -55,10 +61,13 @@ class Block(nn.Module):
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.fc_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
+        if str(cfg.activation) not in GELU_APPROXIMATE:
+            raise ValueError(f"activation={cfg.activation!r}: expected one of {', '.join(GELU_APPROXIMATE)}")
+        self.approximate = GELU_APPROXIMATE[str(cfg.activation)]
 
     def forward(self, x):
         x = x + self.drop(self.attn(self.ln1(x)))
-        return x + self.drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)))))
+        return x + self.drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate=self.approximate)))
 
 
 class GPT(nn.Module):

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
-from . import checkpoint
+from . import checkpoint, init_from
 from .build import build_model, build_optimizer, compile_model, lr_factor
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
@@ -103,6 +103,7 @@ class Trainer:
         resume_notes = resume_check.check_saved(ckpt_state, self.run_config(), self.data_info.as_dict(),
                                                 t.resume_force, self.ckpt_path, self.global_batch)
         state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
+        self._init_from(ckpt_state)
         self.ddp = self._wrap(self.model)
         self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
@@ -119,6 +120,14 @@ class Trainer:
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
+
+    def _init_from(self, ckpt_state) -> None:
+        """model.init_from: a fresh run starts from its weights, a resumed one from its checkpoint."""
+        folder = self.cfg.model.get("init_from")
+        if folder and ckpt_state is None:
+            init_from.load_agreed(self.model, self.cfg.model, self.vocab_size, self.mesh)
+        elif folder:
+            log.info(f"model.init_from={folder} not read: resumed from {self.ckpt_path}")
 
     def lr_factor(self, step: int) -> float:
         return lr_factor(step, self.cfg.optim, self.t.max_steps)

@@ -16,7 +16,8 @@ from ...errors import ConfigError
 # seed: weights, dropout and the sampler's order; model.*: the network (block_size: the
 # windows); the global batch: samples per step; data.*: the samples themselves
 REFUSED = ("seed", "model.", "train.global_batch_size", "data.")
-ALLOWED = ("data.cache_dir",)  # where the tokenised text is cached, not what it is
+ALLOWED = ("data.cache_dir",  # where the tokenised text is cached, not what it is
+           "model.init_from")  # where a fresh run's weights came from: a resume reads its checkpoint
 NOT_LISTED = ("train.resume", "train.resume_force", "train.stop_at_step", "train.fault_")
 PATHS = ("data.path", "data.dir")
 
