@@ -133,9 +133,11 @@ scaling: install  ## world sizes x caps beside the cost model: outputs/scaling-<
 	$(BIN)/minddp scaling --repeats 3 --variants auto $(ARGS)
 
 # the pictures README links to, regenerated in place: the one target that rewrites them
+# (the study's runs stay in outputs/docs/scaling-<time>/: its report is copied into docs/)
 docs: install  ## regenerate docs/timeline*.{json,png} and docs/scaling.{md,png} (tracked files)
 	$(MAKE) timeline TIMELINE_OUT=docs
-	$(BIN)/minddp scaling --repeats 3 --variants auto --out docs/scaling $(ARGS)
+	$(BIN)/minddp scaling --repeats 3 --variants auto --out outputs/docs/scaling $(ARGS) && \
+	  cp outputs/docs/scaling.md outputs/docs/scaling.json outputs/docs/scaling.png docs/
 
 # on a CUDA machine (< 10 min, 1 or more GPUs): the engine against torch DDP on nccl and on gloo with
 # CUDA tensors, no host sync in a steady step, overlap in a profiler trace, flat memory, the flight

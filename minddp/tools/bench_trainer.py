@@ -17,6 +17,7 @@ and the comparison are minddp/perf/loops.py.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 
@@ -61,7 +62,18 @@ def main() -> None:
     if not torch.cuda.is_available():  # GPU ranks are never pinned (see cli.start)
         pin_to_core()
     torch.set_num_threads(1)
-    trainer = make_trainer([], tempfile.mkdtemp(prefix="bench-trainer-"))
+    run_dir = tempfile.mkdtemp(prefix="bench-trainer-")  # the trainer's own files: none is kept
+    try:
+        measure(args, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    dist.destroy_process_group()
+    exit_worker()  # the trainer turned torch's flight recorder on: see minddp.parallel.dist.exit_worker
+
+
+def measure(args, run_dir: str) -> None:
+    """The three loops in rotated rounds; rank 0 prints (and with --out writes) the report."""
+    trainer = make_trainer([], run_dir)
     cfg, device = trainer.cfg, trainer.info.device
 
     def hand_loop(fused: bool, nanogpt: bool) -> HandLoop:
@@ -83,8 +95,6 @@ def main() -> None:
         if args.out:
             render.write(args.out, blocks, {"ratios": ratios, "medians_s": medians, "parts_s": spent})
     trainer.tracker.close()
-    dist.destroy_process_group()
-    exit_worker()  # the trainer turned torch's flight recorder on: see minddp.parallel.dist.exit_worker
 
 
 def report(args, trainer, medians, ratios, spent) -> list:

@@ -5,8 +5,9 @@ calibrated cost model's prediction beside every measurement.
     minddp scaling --repeats 3 --variants auto      # make scaling: + ZeRO-1 (+ overlap) at world 2
     minddp scaling --mode weak                      # per-rank batch fixed: the global batch grows
 
-Each run is a real `torchrun train.py` with its own run directory under outputs/ and all of
-them in one W&B group. From each run's metrics.jsonl (steps after the warm-up) it takes the
+Each run is a real `torchrun train.py` with its own run directory in the study's folder
+(scaling-<time>/ in the folder of --out, else in ./outputs/), all of them in one W&B group.
+From each run's metrics.jsonl (steps after the warm-up) it takes the
 median step time, throughput, the engine's communication busy time (at least one bucket in
 flight) and exposed wait, computes the scaling efficiency (--mode strong, the default: the
 global batch is fixed, T1 / (n * Tn); --mode weak, train.scaling=weak: each rank's batch is
@@ -72,7 +73,9 @@ def main(argv=None) -> None:
     caps = [float(c) for c in args.caps.split(",")]
     variants = study.available_variants(args.variants)
     group = Path(args.reuse).name if args.reuse else f"scaling-{time.strftime('%Y%m%d-%H%M%S')}"
-    out_dir = Path(args.reuse) if args.reuse else study.ROOT / "outputs" / group
+    # everything the study writes goes under the folder the user named: --out's, else ./outputs
+    home = Path(args.out).parent if args.out else Path("outputs")
+    out_dir = Path(args.reuse) if args.reuse else (home / group).resolve()
     cal = study.calibration(args.calibration, args.preset)
     runs = study.collect(args, variants, worlds, caps, out_dir, group)
     results = study.analyse(runs, cal, args.mode, [TensorSpec.of(p) for p in study_params()])

@@ -5,6 +5,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ def test_scaling_study_smoke(tmp_path):
                     "wandb.mode=disabled"], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     runs = Path(p.stdout.rsplit("runs in ", 1)[1].strip())
+    assert runs.parent == tmp_path and runs.name.startswith("scaling-")  # beside --out, not the package's
     rows = {r["world"]: r for r in md_rows((tmp_path / "scaling.md").read_text())}
     assert rows.keys() == {"1", "2"}
     for world, row in rows.items():  # the table is the runs' own medians after the warm-up
@@ -108,9 +110,12 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     assert text == render.markdown(doc["blocks"]) + "\n" and doc["data"]["ratios"]["0.05"][0] > 0
     out = tmp_path / "bench_trainer.md"
     env = {**os.environ, "MINDDP_CACHE": str(tmp_path / "cache")}
+    trainer_dirs = lambda: set(Path(tempfile.gettempdir()).glob("bench-trainer-*"))  # noqa: E731
+    before = trainer_dirs()  # (the ranks are forked: they share this process's temporary folder)
     p = launch.script(["-m", "minddp", "bench-trainer", "--repeats", "1", "--rounds", "1", "--steps", "1",
                     "--out", str(out)], 2, env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert trainer_dirs() <= before  # each rank's trainer run dir, removed
     text = out.read_text()
     assert "| bare loop |" in text and "| nanoGPT-style loop |" in text
     assert "`agree`" in text and "`opt.step`" in text

@@ -85,7 +85,8 @@ def test_studies_never_rewrite_the_repository(tmp_path):
                                         text=True, timeout=60).stdout
     for target in ("timeline", "scaling"):
         assert "minddp" in dry(target) and "docs/" not in dry(target), dry(target)
-    assert "--out docs/timeline" in dry("docs") and "--out docs/scaling" in dry("docs")
+    assert "--out docs/timeline" in dry("docs")
+    assert "--out outputs/docs/scaling" in dry("docs") and "scaling.png docs/" in dry("docs")  # its report
     study = tmp_path / "study"
     for world in (1, 2):
         run = study / f"ws{world}-cap25"

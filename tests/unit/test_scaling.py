@@ -3,6 +3,7 @@ a reduce-scatter per bucket, beside DDP at world 2."""
 
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,45 @@ def test_weak_mode_runs_with_train_scaling_weak_a_repeat_each_and_reads_t1_over_
     assert eff == {1: 1.0, 2: pytest.approx(0.5 / 0.625)}  # T1 / Tn, not T1 / (2 Tn)
     strong = {r["world"]: r["efficiency"] for r in study.analyse(runs, cal)}
     assert strong[2] == pytest.approx(0.5 / (2 * 0.625))
+
+
+def _study_in_process(tmp_path, monkeypatch, *argv) -> tuple[list, list]:
+    """`minddp scaling ARGV` with each run faked (no process) and the W&B report run recorded:
+    (the run folders it chose, the folders it reported). A run folder outside tmp_path fails
+    before anything is written there."""
+    runs, reported = [], []
+
+    def run(run_dir, world, cap, steps, group, extra):
+        assert run_dir.is_absolute() and tmp_path in run_dir.parents, f"a run outside the study: {run_dir}"
+        runs.append(run_dir)
+        _fake(run_dir, 0.05)
+
+    monkeypatch.setattr(study, "run", run)
+    monkeypatch.setattr("minddp.tools.report.report", lambda folder, to_wandb: reported.append(Path(folder)))
+    monkeypatch.setattr(study.os, "sched_getaffinity", lambda pid: {0, 1})
+    scaling.main(["--worlds", "1,2", "--caps", "25", "--steps", "6", "--warmup", "1",
+                  "--calibration", str(tmp_path / "none.json"), *argv])
+    return runs, reported
+
+
+def test_a_study_writes_its_runs_and_report_beside_out(tmp_path, monkeypatch, drawn_figures):
+    """--out PREFIX: the runs in PREFIX's folder (scaling-<time>/), the report at PREFIX; the
+    package's own outputs/ gains nothing, wherever the command runs."""
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    runs, reported = _study_in_process(tmp_path, monkeypatch, "--out", str(tmp_path / "mine" / "study"))
+    folder = runs[0].parent
+    assert folder.parent == tmp_path / "mine" and folder.name.startswith("scaling-")
+    assert sorted(r.name for r in runs) == ["ws1-cap25", "ws2-cap25"] and reported == [folder]
+    assert (tmp_path / "mine" / "study.md").exists() and (tmp_path / "mine" / "study.png").exists()
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == [folder.name, "study.json", "study.md",
+                                                                     "study.png"]
+    assert not any((tmp_path / "cwd").iterdir())
+
+
+def test_a_study_without_out_writes_under_outputs_where_it_runs(tmp_path, monkeypatch, drawn_figures):
+    monkeypatch.chdir(tmp_path)
+    runs, reported = _study_in_process(tmp_path, monkeypatch)
+    folder = runs[0].parent
+    assert folder.parent == tmp_path / "outputs" and reported == [folder]
+    assert (folder / "scaling.md").exists() and (folder / "scaling.png").exists()
