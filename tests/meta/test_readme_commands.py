@@ -1,6 +1,7 @@
 """Every command README.md prints in its ```bash blocks can run, checked in a form that needs no
 cluster and trains nothing: a make target by `make -n`; a `minddp <tool>` line by that tool's own
-argparse; `python`/`torchrun train.py` by torchrun's parser and Hydra composing the overrides; a
+argparse; `python`/`torchrun train.py` by torchrun's parser and Hydra composing the overrides
+(`python -c` compiles, `-m` finds its module, `pip install 'minddp[x]'` names an extra); a
 script in slurm/ (or sbatch of one) by its dry run (MINDDP_DRY_RUN=1) with the environment sbatch
 would give the job, for every array task, and the overrides its launch line passes on composed.
 A command that no check here covers fails: add its check."""
@@ -56,16 +57,41 @@ def check_overrides(overrides: list[str]) -> None:
     compose_config(*first_of_each_sweep([o for o in overrides if o != "-m"]))
 
 
-def check_train(command, monkeypatch):
-    script = next(i for i, a in enumerate(command.args) if a.endswith(".py"))
-    assert command.args[script] == "train.py" and (ROOT / "train.py").is_file(), command.line
+def check_python(command, monkeypatch):
+    """python -c CODE (it compiles), python -m MODULE (it exists), or python/torchrun train.py
+    OVERRIDES (torchrun's parser takes its options; the overrides compose)."""
+    import importlib.util
+
+    args = command.args
+    if command.prog == "python" and args[:1] == ["-c"]:
+        compile(args[1], "<README>", "exec")
+        return
+    script = next((i for i, a in enumerate(args) if a.endswith(".py")), None)
+    if script is None:  # -m MODULE ...
+        module = args[args.index("-m") + 1]
+        found = importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module)
+        assert found, f"README: {command.line}: no module {module}"
+        return
+    assert args[script] == "train.py" and (ROOT / "train.py").is_file(), command.line
     if command.prog == "torchrun":
         from torch.distributed.run import get_args_parser
 
-        get_args_parser().parse_args([*command.args[:script], "train.py"])
+        get_args_parser().parse_args([*args[:script], "train.py"])
     else:
-        assert command.args[:script] == [], command.line
-    check_overrides(command.args[script + 1:])
+        assert args[:script] == [], command.line
+    check_overrides(args[script + 1:])
+
+
+def check_pip(command, monkeypatch):
+    """pip install 'minddp[EXTRA]': the extra is pyproject.toml's."""
+    import tomllib  # noqa: I001 - ruff's target version does not know it as stdlib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert command.args[0] == "install", command.line
+    for requirement in command.args[1:]:
+        m = re.fullmatch(r"minddp\[([\w,-]+)\]", requirement)
+        ok = m and set(m.group(1).split(",")) <= set(extras)
+        assert ok, f"README: {command.line}: pyproject.toml's extras are {sorted(extras)}"
 
 
 def check_make(command, monkeypatch):
@@ -108,8 +134,8 @@ def check_export(command, monkeypatch):
         assert name == "OMP_NUM_THREADS" or name in (ROOT / "slurm" / "common.sh").read_text(), command.line
 
 
-CHECKS = {"minddp": check_tool, "python": check_train, "torchrun": check_train, "make": check_make,
-          "sbatch": check_script, "source": check_source, "export": check_export}
+CHECKS = {"minddp": check_tool, "python": check_python, "torchrun": check_python, "make": check_make,
+          "sbatch": check_script, "source": check_source, "export": check_export, "pip": check_pip}
 
 
 def check_for(command):
@@ -136,7 +162,11 @@ def test_the_checks_catch_what_cannot_run(monkeypatch):
     with pytest.raises(SystemExit):
         check_tool(Command("", {}, "minddp", ["scaling", "--mode", "sideways"]), monkeypatch)
     with pytest.raises(Exception, match="max_stepz"):
-        check_train(Command("", {}, "python", ["train.py", "train.max_stepz=5"]), monkeypatch)
+        check_python(Command("", {}, "python", ["train.py", "train.max_stepz=5"]), monkeypatch)
+    with pytest.raises(SyntaxError):
+        check_python(Command("", {}, "python", ["-c", "import ("]), monkeypatch)
+    with pytest.raises(AssertionError, match="extras"):
+        check_pip(Command("pip install 'minddp[gpu]'", {}, "pip", ["install", "minddp[gpu]"]), monkeypatch)
     with pytest.raises(Exception, match="max_stepz"):
         check_overrides(["-m", "train.max_stepz=1,2"])
     assert check_for(Command("", {}, "deepspeed", [])) is None
