@@ -145,7 +145,8 @@ def check_for(command):
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=c.line[:70], marks=[pytest.mark.slow] if c.prog.startswith(SLOW) else [])
     for c in COMMANDS])
-def test_every_readme_command_runs_in_a_form_without_a_cluster(command, monkeypatch):
+def test_every_readme_command_runs_in_a_form_without_a_cluster(command, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a relative path in a command (a tool's --out) is made here, if at all
     check = check_for(command)
     assert check, f"README.md prints `{command.line}` and no check here covers `{command.prog}`: add one"
     check(command, monkeypatch)
