@@ -121,6 +121,9 @@ def run() -> None:
         say(rank, f"minddp: configuration error: {hydra_problem(e)}")
         wait_for_peers(f"minddp/hydra/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
         exit_worker(2, script=True)  # at once: a slow interpreter teardown lets torchrun kill this rank
+    except SystemExit as e:  # the run's error, reported (Hydra's exit 1, or 2, 3): its code, without
+        # the teardown, which aborts (SIGABRT) under a thread still inside a collective (a stuck write)
+        exit_worker(e.code if isinstance(e.code, int) else 1, script=True)
     exit_worker(_exit_code, script=True)  # without the interpreter's teardown (see exit_worker)
 
 

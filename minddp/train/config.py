@@ -47,6 +47,8 @@ OnNonfinite = Choice("OnNonfinite", {v: v for v in ("skip", "stop")}, module=__n
 Scaling = Choice("Scaling", {v: v for v in ("strong", "weak")}, module=__name__)
 Device = Choice("Device", {v: v for v in ("auto", "cpu", "cuda")}, module=__name__)
 CkptFormat = Choice("CkptFormat", {v: v for v in ("file", "dcp")}, module=__name__)
+FaultPlace = Choice("FaultPlace", {v: v for v in ("step", "checkpoint_write", "checkpoint_delete")},
+                    module=__name__)
 Compile = Choice("Compile", {v: v for v in ("none", "whole", "blocks")}, module=__name__)
 TokenDtype = Choice("TokenDtype", {v: v for v in ("auto", "uint8", "uint16", "uint32")}, module=__name__)
 Activation = Choice("Activation", {v: v for v in ("gelu", "gelu_tanh")}, module=__name__)
@@ -150,6 +152,9 @@ class TrainConfig:
     fault_sleep_step: Optional[int] = None
     fault_sleep_rank: int = 0
     fault_sleep_s: float = 0.0
+    # where it sleeps: step | checkpoint_write (the write of that step's checkpoint, in the
+    # background too) | checkpoint_delete (retention, between moving a checkpoint aside and removing it)
+    fault_sleep_in: FaultPlace = FaultPlace.step
     # strong: train.global_batch_size is the global batch, fixed whatever the world size (the
     # accumulation shrinks as dp grows); weak: it is one data-parallel rank's batch (micro batch
     # x accumulation), fixed, so the global batch is it x dp and grows with the world

@@ -213,6 +213,7 @@ class Trainer:
         finally:
             if profiler:
                 profiler.stop()
+            self._end_background_save()
             self.tracker.close()
         if self.tracker.next_steps():  # rank 0, after W&B's own closing lines
             self.tracker.info(self.tracker.next_steps())
@@ -256,15 +257,27 @@ class Trainer:
         in the background unless it is the run's last."""
         t = self.t
         if self._saving is not None:
-            state.commit(self._saving, log=self.tracker.info)
-            self._saving = None
+            saving, self._saving = self._saving, None  # a failed commit is over too (removed, said)
+            state.commit(saving, log=self.tracker.info)
         if (t.ckpt_every and step % t.ckpt_every == 0) or last:
             self._saving = state.save(
                 self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched, batches=self.batches,
                 mesh=self.mesh, device=self.info.device, log=self.tracker.info,
                 folder=t.ckpt_format == "dcp", background=t.ckpt_async and not last,
+                pause=lambda: self.faults.pause("checkpoint_write", step),
                 saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
                             "skipped_steps": self.skipped})
+
+    def _end_background_save(self) -> None:
+        """On the way out with an error (the loop's own ends commit it): the save written in the
+        background is completed and committed, or removed; never left running into the
+        process's teardown, which aborts (SIGABRT) under a thread inside a collective."""
+        if self._saving is None:
+            return
+        saving, self._saving = self._saving, None
+        line = state.end(saving, self.t.timeout_s)
+        if line:
+            self.tracker.info(line)
 
     def train_step(self, step: int) -> StepResult:
         """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""

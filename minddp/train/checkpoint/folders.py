@@ -98,7 +98,7 @@ def write_tensors(tmp: Path, tensors: dict) -> None:
     dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not dist.is_initialized())
 
 
-def write_in_background(tmp: Path, staged: dict) -> Future:
+def write_in_background(tmp: Path, staged: dict, before=None) -> Future:
     """`write_tensors` of a staged copy on a thread of its own and a group of its own (on the
     training's group its collectives would interleave with the step's); a future of its end.
     torch's `dcp.async_save` does the same but stages inside the call, where one rank's
@@ -108,6 +108,8 @@ def write_in_background(tmp: Path, staged: dict) -> Future:
 
     def write() -> None:
         try:
+            if before is not None:  # train.fault_sleep_in=checkpoint_write: a slow disk
+                before()
             dcp.save(staged, storage_writer=dcp.FileSystemWriter(tmp), process_group=group)
             done.set_result(None)
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException: raised by result()

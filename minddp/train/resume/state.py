@@ -3,6 +3,7 @@ data position and RNG, written at any dp/tp layout (sharded or not) and loadable
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from ..safety.together import together
 
 
 def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_with: dict,
-         folder: bool = False, background: bool = False, log=None) -> FolderSave | None:
+         folder: bool = False, background: bool = False, log=None, pause=None) -> FolderSave | None:
     """Every rank, at the same point. A file (0.4's format): full tensors gathered over tp (and
     ZeRO-1's shards over dp), then rank 0 writes atomically. A folder (`folder`, through DCP):
     each rank writes what it holds, nothing gathered over dp; with `background` the write runs
@@ -46,7 +47,7 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     if not folder:
         _said_saved(_save_file(run_dir, step, everything), log)
         return None
-    saving = _start_folder(run_dir, step, everything, background)
+    saving = _start_folder(run_dir, step, everything, background, pause)
     if background:
         return saving
     commit(saving, log)
@@ -82,7 +83,7 @@ class FolderSave:
     writing: object = None
 
 
-def _start_folder(run_dir, step: int, everything: dict, background: bool) -> FolderSave:
+def _start_folder(run_dir, step: int, everything: dict, background: bool, pause=None) -> FolderSave:
     """Rank 0 starts the folder (the small state), every rank writes its tensors (DCP), or
     stages a copy of them and writes it in the background."""
     final = checkpoint.checkpoint_dir(run_dir) / f"ckpt_{step:08d}"
@@ -100,7 +101,7 @@ def _start_folder(run_dir, step: int, everything: dict, background: bool) -> Fol
         except Exception as e:  # noqa: BLE001 - out of host memory on one rank: every rank stops
             error = e
         together(error, what=what, kinds=_KINDS)
-        saving.writing = folders.write_in_background(saving.tmp, staged)
+        saving.writing = folders.write_in_background(saving.tmp, staged, before=pause)
     return saving
 
 
@@ -127,6 +128,43 @@ def commit(saving: FolderSave, log=None) -> None:
         merged = {k: v for part in parts for k, v in part.items()}
         _on_rank0(lambda: folders.publish(saving.tmp, saving.final, merged), saving.final, saving.what)
     _said_saved(saving.final, log)
+
+
+def end(saving: FolderSave, timeout_s: float) -> str | None:
+    """A background save met by a way out other than its commit (an error, on any rank, maybe on
+    one alone): no collective on the training's groups. Each rank waits for its own write (DCP's
+    collectives run on the write's own group, between the write threads); then rank 0 commits the
+    folder alone (checksumming every rank's files itself) if its DCP save completed, which means
+    every rank's did, else removes it. Returns rank 0's closing line (None on the others)."""
+    step = int(saving.final.name.split("_")[-1])
+    said = f"the checkpoint of step {step}, written in the background when the run stopped"
+    try:
+        if saving.writing is not None:
+            saving.writing.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return (f"{said}: still being written after {timeout_s:.0f} s (train.timeout_s), left as "
+                f"{saving.tmp.name}, which the next start removes") if dist.get_rank() == 0 else None
+    except BaseException as e:  # noqa: BLE001 - its failure is why it is removed, said below
+        return _removed(saving, said, e)
+    if dist.get_rank() != 0:
+        return None
+    try:
+        names = sorted(os.listdir(saving.tmp))
+        folders.publish(saving.tmp, saving.final, folders.checksums(saving.tmp, names))
+    except Exception as e:  # noqa: BLE001 - a folder that cannot be committed is removed
+        return _removed(saving, said, e)
+    return f"{said}: completed and committed as {saving.final}"
+
+
+def _removed(saving: FolderSave, said: str, e: BaseException) -> str | None:
+    if dist.get_rank() != 0:
+        return None
+    shutil.rmtree(saving.tmp, ignore_errors=True)
+    if isinstance(e, dcp.CheckpointException):
+        e = checkpoint.first_failure(e)
+    prev = checkpoint.latest(saving.final.parent.parent)
+    return (f"{said}: removed ({type(e).__name__}: {e}); the newest checkpoint is "
+            f"{prev if prev else 'none'}")
 
 
 @contextmanager

@@ -5,6 +5,9 @@ One hook, called once per step after the backward pass; off unless a step is nam
   so only this rank sees it (stepping alone would silently split the replicas).
 - fault_sleep_step/rank/s: this rank stalls inside the step, as if stuck in a kernel or
   on a slow filesystem; the others wait in the next collective until train.timeout_s.
+  fault_sleep_in=checkpoint_write|checkpoint_delete: it stalls in that step's checkpoint write
+  (a background one too) or in retention's deletion instead: a slow disk, and the window a
+  crash or an error must meet (`pause`).
 """
 
 from __future__ import annotations
@@ -23,5 +26,10 @@ class Faults:
         if step == t.fault_nan_step and self.rank == t.fault_nan_rank:
             loss_sum.fill_(float("nan"))
             next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
-        if step == t.fault_sleep_step and self.rank == t.fault_sleep_rank:
+        self.pause("step", step)
+
+    def pause(self, where: str, step: int) -> None:
+        """train.fault_sleep_in == where, at fault_sleep_step, on fault_sleep_rank: sleep there."""
+        t = self.t
+        if where == t.fault_sleep_in and step == t.fault_sleep_step and self.rank == t.fault_sleep_rank:
             time.sleep(t.fault_sleep_s)

@@ -1,0 +1,63 @@
+"""A background save (train.ckpt_async) ends cleanly on every way out of a run: an error that
+meets it in flight (a NaN stop, a diverged run) leaves with the run's own exit code, never
+SIGABRT (134, -6 per torchrun worker); the checkpoint is either completed and committed or
+removed, and the closing line says which. Real torchrun jobs: the abort came from the
+interpreter's teardown, which forked ranks skip."""
+
+import re
+
+import pytest
+
+from minddp.train import checkpoint
+from tests.conftest import SMALL
+from tests.launch import run_train
+
+ARGS = [*SMALL, "train.max_steps=8", "train.eval_every=0", "train.ckpt_format=dcp", "train.ckpt_async=true",
+        "train.ckpt_every=2", "ddp.shard_optimizer=true"]
+# rank 1's background write of step 2's checkpoint sleeps first: rank 0's waits for it inside DCP's
+# collective while both main threads go on into step 3, where the run stops with an error
+SLOW_WRITE = ["train.fault_sleep_in=checkpoint_write", "train.fault_sleep_step=2", "train.fault_sleep_rank=1",
+              "train.fault_sleep_s=4"]
+
+
+def _worker_codes(out: str) -> list[str]:
+    """torchrun's failure summary: each failed worker's `exitcode  : N`."""
+    return re.findall(r"exitcode\s*:\s*(-?\d+)", out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop, code", [
+    (["train.on_nonfinite=stop", "train.fault_nan_step=3"], 1),  # FloatingPointError
+    (["train.fault_nan_step=3", "train.max_skipped_steps=1"], 3),  # skipped, "diverged": exit 3
+], ids=["nan-stop", "diverged"])
+def test_an_error_during_a_background_save_exits_with_the_runs_code_and_commits_it(tmp_path, stop, code):
+    run = tmp_path / "run"
+    p = run_train(run, *ARGS, *SLOW_WRITE, *stop, nproc=2, launcher="torchrun", check=False, timeout=240)
+    out = p.stdout + p.stderr
+    codes = _worker_codes(out)
+    assert "terminate called" not in out and "SIGABRT" not in out and "-6" not in codes, out[-4000:]
+    assert p.returncode == 1 and codes and set(codes) <= {str(code), "-15"}, (codes, out[-4000:])
+    assert str(code) in codes, (codes, out[-4000:])
+    saved = checkpoint.all_checkpoints(run)
+    assert [c.name for c in saved] == ["ckpt_00000002"], saved
+    assert checkpoint.load(saved[0], "cpu")["step"] == 2
+    assert not list(checkpoint.checkpoint_dir(run).glob(".ckpt_*")), "a temporary folder was left"
+    assert f"written in the background when the run stopped: completed and committed as {saved[0]}" in out, \
+        out[-4000:]
+
+
+@pytest.mark.slow
+def test_a_background_write_stuck_past_the_timeout_is_left_for_the_next_start_and_the_exit_code_holds(tmp_path):
+    """Rank 1's write sleeps past train.timeout_s: rank 0 stops waiting, says so, and leaves with
+    the run's code (its write thread still inside DCP's collective: the teardown would abort)."""
+    run = tmp_path / "run"
+    stuck = [a for a in SLOW_WRITE if "fault_sleep_s=" not in a] + ["train.fault_sleep_s=10", "train.timeout_s=2"]
+    p = run_train(run, *ARGS, *stuck, "train.on_nonfinite=stop", "train.fault_nan_step=3", nproc=2,
+                  launcher="torchrun", check=False, timeout=240)
+    out = p.stdout + p.stderr
+    assert _worker_codes(out) == ["1", "1"] and "terminate called" not in out, out[-4000:]
+    assert "still being written after 2 s (train.timeout_s), left as .ckpt_00000002.tmp-" in out, out[-4000:]
+    assert checkpoint.all_checkpoints(run) == []
+    p = run_train(run, *ARGS, "train.max_steps=2", "train.resume=auto", nproc=2, timeout=120)
+    assert "a temporary file left by an interrupted write" in p.stdout + p.stderr
+    assert [c.name for c in checkpoint.all_checkpoints(run)] == ["ckpt_00000002"]
