@@ -16,6 +16,7 @@ from minddp.errors import ConfigError
 TOOLS = {
     "prepare": ("prepare", "text to token files for data=tokens (bytes or BPE)"),
     "sample": ("sample", "generate text from a trained run's checkpoint"),
+    "export": ("export", "a trained GPT as a Hugging Face transformers GPT-2 folder (+ one torch.save file)"),
     "report": ("report", "every run under a folder: one table and one plot"),
     "debug": ("debug", "read a run's flight-recorder dumps: who is stuck where"),
     "costmodel": ("costmodel", "alpha-beta cost model: all-reduce, DDP step, ZeRO-1, tree, presets"),

@@ -36,7 +36,7 @@ CONFIG, WEIGHTS, WEIGHTS_INDEX, TORCH_WEIGHTS = ("config.json", "model.safetenso
 _BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
           "fc": "mlp.c_fc", "fc_proj": "mlp.c_proj"}  # minddp's block module -> GPT-2's
 _CONV1D = ("attn.qkv", "attn.proj", "fc", "fc_proj")  # stored (in, out) by GPT-2, (out, in) by nn.Linear
-_BUFFERS = ("attn.bias", "attn.masked_bias")  # the causal mask older transformers saved: not weights
+_BUFFERS = (".attn.bias", ".attn.masked_bias")  # the causal mask older transformers saved: not weights
 
 
 class HFError(ConfigError):

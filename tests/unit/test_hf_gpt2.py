@@ -1,0 +1,194 @@
+"""GPT-2 in Hugging Face's layout both ways (minddp/train/hf_gpt2.py) and model.init_from's
+checks of a folder (minddp/train/init_from.py), against `transformers` itself: a small GPT-2
+made and saved here (no Hub), loaded with GPT2LMHeadModel.from_pretrained."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from minddp.errors import ConfigError
+from minddp.train import hf_gpt2, init_from
+from minddp.train.config import register, validate
+from minddp.train.model import GPT, GPTConfig
+from tests import hf_models
+from tests.conftest import compose_config
+
+register()  # the schema and the minddp.init_from resolver, as train.py has them
+
+def minddp_gpt(folder) -> GPT:
+    """The GPT a save_pretrained folder describes, with its weights (what model.init_from builds)."""
+    arch = hf_gpt2.architecture(hf_gpt2.read_config(folder))
+    model = GPT(GPTConfig(**arch)).eval()
+    model.load_state_dict(hf_gpt2.from_hf(hf_gpt2.read_weights(folder), arch["n_layer"], arch["block_size"]))
+    return model
+
+
+def export(model: GPT, folder, **cfg):
+    folder.mkdir()
+    c = model.cfg
+    sizes = {"name": "gpt", "n_layer": c.n_layer, "n_head": c.n_head, "activation": c.activation, **cfg}
+    hf_gpt2.write(folder, *hf_gpt2.to_hf(model.state_dict(), sizes))
+    return hf_models.load(folder)
+
+
+@pytest.mark.parametrize("activation,hf_name", [("gelu", "gelu"), ("gelu_tanh", "gelu_new")])
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_export_loads_in_transformers_with_minddps_logits(tmp_path, activation, hf_name, bias):
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, bias=bias,
+                         activation=activation)).eval()
+    theirs = export(ours, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["activation_function"] == hf_name
+    sizes = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
+    assert [config[k] for k in sizes] == [2, 4, 32, 32, 64]
+    assert config["tie_word_embeddings"]
+    assert "lm_head.weight" not in load_file(tmp_path / "out" / "model.safetensors")  # as save_pretrained
+    ids = hf_models.ids(length=32)
+    assert (hf_models.logits(ours, ids) - hf_models.logits(theirs, ids)).abs().max() < hf_models.TOLERANCE
+    assert theirs.lm_head.weight.data_ptr() == theirs.transformer.wte.weight.data_ptr()  # tied, as GPT-2
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu", "gelu_pytorch_tanh"])
+def test_a_save_pretrained_gpt2_computes_the_same_in_minddp(tmp_path, activation):
+    theirs = hf_models.saved(tmp_path / "gpt2", activation_function=activation)
+    ours = minddp_gpt(tmp_path / "gpt2")
+    assert ours.cfg.activation == ("gelu" if activation == "gelu" else "gelu_tanh")
+    ids = hf_models.ids()
+    assert (hf_models.logits(ours, ids) - hf_models.logits(theirs, ids)).abs().max() < hf_models.TOLERANCE
+
+
+def test_the_wrong_gelu_is_more_than_rounding(tmp_path):
+    """Why model.activation exists: GPT-2's weights under the exact GELU give other logits (the
+    MLP's inputs made wider, where the two GELUs part most: |x| of 1 to 4)."""
+    theirs = hf_models.gpt2()
+    with torch.no_grad():
+        for block in theirs.transformer.h:
+            block.mlp.c_fc.weight.mul_(3)
+    theirs.save_pretrained(tmp_path / "gpt2")
+    ours = minddp_gpt(tmp_path / "gpt2")
+    for block in ours.blocks:
+        block.approximate = "none"
+    wrong = hf_models.logits(ours, hf_models.ids()) - hf_models.logits(theirs, hf_models.ids())
+    assert wrong.abs().max() > 10 * hf_models.TOLERANCE  # 3.0e-4 here; 2.4e-7 with gelu_tanh
+
+
+def test_round_trip_hf_minddp_hf_gives_back_the_same_logits(tmp_path):
+    first = hf_models.saved(tmp_path / "gpt2")
+    back = export(minddp_gpt(tmp_path / "gpt2"), tmp_path / "back")
+    ids = hf_models.ids()
+    assert torch.equal(hf_models.logits(first, ids), hf_models.logits(back, ids))
+    assert back.config.activation_function == "gelu_new"
+
+
+def test_the_hubs_older_layout_reads_too(tmp_path):
+    """The Hub's gpt2 file: names without `transformer.`, the attention mask saved as attn.bias."""
+    theirs = hf_models.saved(tmp_path / "gpt2")
+    tensors = load_file(tmp_path / "gpt2" / "model.safetensors")
+    old = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    old["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
+    save_file(old, tmp_path / "gpt2" / "model.safetensors", metadata={"format": "pt"})
+    ids = hf_models.ids()
+    assert (hf_models.logits(minddp_gpt(tmp_path / "gpt2"), ids)
+            - hf_models.logits(theirs, ids)).abs().max() < hf_models.TOLERANCE
+
+
+def test_a_cut_position_table_keeps_the_logits_of_short_sequences(tmp_path):
+    theirs = hf_models.saved(tmp_path / "gpt2")
+    tensors = hf_gpt2.read_weights(tmp_path / "gpt2")
+    ours = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32,
+                         activation="gelu_tanh")).eval()
+    ours.load_state_dict(hf_gpt2.from_hf(tensors, 2, 16))
+    ids = hf_models.ids(length=16)
+    assert (hf_models.logits(ours, ids) - hf_models.logits(theirs, ids)).abs().max() < hf_models.TOLERANCE
+
+
+# ---------------------------------------------------------------- folders that cannot be used
+def _config(folder, **changes):
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"n_inner": 100}, "n_inner=100"),
+    ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06"),
+    ({"activation_function": "relu"}, "activation_function='relu'"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
+    ({"model_type": "llama"}, "holds a 'llama' model"),
+])
+def test_a_folder_minddps_gpt_cannot_compute_is_one_line(tmp_path, changes, message):
+    hf_models.saved(tmp_path / "gpt2")
+    _config(tmp_path / "gpt2", **changes)
+    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
+    assert message in line and "\n" not in line
+
+
+def test_a_missing_folder_or_config_is_one_line(tmp_path):
+    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'x'}").model)
+    assert "is not a folder" in line
+    (tmp_path / "empty").mkdir()
+    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'empty'}").model)
+    assert "has no config.json" in line and "save_pretrained" in line
+
+
+@pytest.mark.parametrize("breakage,message", [
+    ("no weights", "has no model.safetensors"),
+    ("untied head", "lm_head is not tied"),
+    ("one layer more", "h.2.attn.c_attn.bias"),
+    ("one layer less", "has no tensor h.1"),
+])
+def test_weights_that_do_not_fit_their_config_are_refused(tmp_path, breakage, message):
+    folder = tmp_path / "gpt2"
+    hf_models.saved(folder)
+    tensors = load_file(folder / "model.safetensors")
+    if breakage == "no weights":
+        (folder / "model.safetensors").unlink()
+    else:
+        if breakage == "untied head":
+            tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1
+        elif breakage == "one layer more":
+            tensors.update({k.replace("h.1.", "h.2."): v.clone() for k, v in tensors.items() if ".h.1." in k})
+        else:
+            tensors = {k: v for k, v in tensors.items() if ".h.1." not in k}
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=message):
+        hf_gpt2.from_hf(hf_gpt2.read_weights(folder), 2, 32)
+
+
+# ---------------------------------------------------------------- the sizes: from the folder
+def test_the_sizes_default_to_the_folders(tmp_path):
+    hf_models.saved(tmp_path / "gpt2", activation_function="gelu_new")
+    m = compose_config(f"model.init_from={tmp_path / 'gpt2'}").model
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.bias, m.activation) == \
+        (2, 4, 32, 32, 64, True, "gelu_tanh")
+    assert init_from.problems(m) == []
+    plain = compose_config().model  # without init_from: minddp's own defaults, unchanged
+    assert (plain.n_layer, plain.n_embd, plain.block_size, plain.vocab_size, plain.activation) == \
+        (4, 128, 128, None, "gelu")
+
+
+def test_a_size_set_on_the_command_line_must_be_the_folders(tmp_path):
+    hf_models.saved(tmp_path / "gpt2")
+    cfg = compose_config(f"model.init_from={tmp_path / 'gpt2'}", "model.n_layer=4", "model.activation=gelu",
+                         "data=synthetic")
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, 1)
+    line = str(e.value)
+    assert "n_layer=2" in line and "model.n_layer=4 model.activation=gelu" in line and "drop those" in line
+    same = compose_config(f"model.init_from={tmp_path / 'gpt2'}", "model.n_layer=2", "model.block_size=16",
+                          "data=synthetic")
+    validate(same, 1)  # the folder's own value, and a shorter block: accepted
+
+
+def test_a_block_longer_than_the_folders_positions_is_refused(tmp_path):
+    hf_models.saved(tmp_path / "gpt2")
+    cfg = compose_config(f"model.init_from={tmp_path / 'gpt2'}", "model.block_size=64", "data=synthetic")
+    with pytest.raises(ConfigError, match=r"32 positions .* set model.block_size <= 32"):
+        validate(cfg, 1)
+
+
+def test_init_from_is_a_setting_of_the_gpt_only():
+    with pytest.raises(Exception, match="init_from"):
+        compose_config("model=mlp", "model.init_from=/x")
