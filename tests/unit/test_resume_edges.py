@@ -39,7 +39,7 @@ def _state(cfg, step: int) -> dict:
     opt.step()
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": {"last_epoch": step},
             "step": step, "rng": [{"cpu": torch.get_rng_state()}],
-            "config": OmegaConf.to_container(cfg, enum_to_str=True)}  # as Trainer.run_config
+            "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)}  # as Trainer.run_config
 
 
 @pytest.fixture(scope="module")
