@@ -183,3 +183,13 @@ def test_the_script_and_make_checks_catch_what_cannot_run(monkeypatch):
                      monkeypatch)
     with pytest.raises(AssertionError, match="HEAD"):
         check_script(Command("slurm/multinode_manual.sh", {}, "slurm/multinode_manual.sh", []), monkeypatch)
+
+
+README_TARGETS = sorted(set(re.findall(r"`make ([a-z][\w-]*)", (ROOT / "README.md").read_text())))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", README_TARGETS)
+def test_every_make_target_the_readme_names_in_its_prose_passes_make_n(target):
+    p = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"README: make {target}: make -n: {p.stderr[-2000:]}"
