@@ -26,34 +26,51 @@ import json
 import torch.distributed as dist
 
 from ..perf.sweep import DTYPES, OPS, fit_alpha_beta, memcpy_bandwidth, run_op, sweep_sizes
-from .cli import parse_size, start
+from .arguments import (
+    choice_list,
+    nonnegative_int,
+    number,
+    parse_size,
+    positive_int,
+    size,
+    tool_parser,
+    writable_out,
+)
+from .cli import start
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="minddp bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64MiB"))
-    ap.add_argument("-f", "--stepfactor", type=float, default=4)
-    ap.add_argument("--op", default="all_reduce", help=f"one of {OPS}, or all")
+    ap = tool_parser("bench", __doc__)
+    ap.add_argument("-b", "--minbytes", type=size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=size, default=parse_size("64MiB"))
+    ap.add_argument("-f", "--stepfactor", type=number(1.0), default=4, help="> 1")
+    ap.add_argument("--op", type=choice_list(OPS, every="all"), default="all_reduce",
+                    help=f"one of {OPS}, or all")
     ap.add_argument("-d", "--dtype", default="float32", choices=sorted(DTYPES))
-    ap.add_argument("-w", "--warmup", type=int, default=3)
-    ap.add_argument("-n", "--iters", type=int, default=10)
+    ap.add_argument("-w", "--warmup", type=nonnegative_int, default=3)
+    ap.add_argument("-n", "--iters", type=positive_int, default=10)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                     help="auto: nccl on CUDA (device cuda:LOCAL_RANK), else gloo on CPU")
-    ap.add_argument("--csv")
-    ap.add_argument("--json")
+    ap.add_argument("--csv", type=writable_out)
+    ap.add_argument("--json", type=writable_out)
     return ap
 
 
+def parse_sweep(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """The arguments of a size sweep (bench, calibrate): -b no larger than -e."""
+    args = ap.parse_args(argv)
+    if args.minbytes > args.maxbytes:
+        ap.error(f"-b/--minbytes {args.minbytes:g} is more than -e/--maxbytes {args.maxbytes:g}")
+    return args
+
+
 def main(argv=None) -> None:
-    args = _parser().parse_args(argv)
+    args = parse_sweep(_parser(), argv)
     device = start(args.backend).device
     n, rank = dist.get_world_size(), dist.get_rank()
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    ops = OPS if args.op == "all" else args.op.split(",")
     all_rows = []
-    for op in ops:
+    for op in args.op:
         rows = run_op(op, sizes, DTYPES[args.dtype], args.warmup, args.iters, device)
         all_rows += rows
         if rank == 0:

@@ -44,36 +44,37 @@ from ..perf.engine_bench import cap_sweep, compile_section, exposed_gather, opti
 from ..perf.engine_cost import per_bucket_cost
 from ..train.model import GPT, num_params
 from . import render
+from .arguments import float_list, nonnegative_float, positive_float, positive_int, tool_parser, writable_out
 from .cli import ranks_phrase, start
-from .workload import bench_gpt, lm_loss
+from .workload import add_gpt_size, bench_gpt, lm_loss, parse_gpt_size
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps-per-round", type=int, default=2)
-    ap.add_argument("--caps", default="1,5,25,100", help="bucket caps in MB")
-    ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
-    ap.add_argument("--n-layer", type=int, default=6)
-    ap.add_argument("--n-embd", type=int, default=384)
-    ap.add_argument("--out", default=None, help="also write the report here: FILE.md and FILE.json")
+def main(argv=None) -> None:
+    ap = tool_parser("bench-ddp", __doc__, argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--rounds", type=positive_int, default=6)
+    ap.add_argument("--steps-per-round", type=positive_int, default=2)
+    ap.add_argument("--caps", type=float_list(), default="1,5,25,100", help="bucket caps in MB")
+    ap.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
+    add_gpt_size(ap)
+    ap.add_argument("--out", type=writable_out, default=None,
+                    help="also write the report here: FILE.md and FILE.json")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--compile", default="with", choices=["with", "skip", "only"],
                     help="the whole-model torch.compile section: with the others, left out, or alone")
     ap.add_argument("--compile-backend", default="aot_eager", help="torch.compile's backend there")
-    ap.add_argument("--compile-cap", type=float, default=None,
+    ap.add_argument("--compile-cap", type=positive_float, default=None,
                     help="bucket cap (MB) there; default torch's: 25 MB after a 1 MB first bucket")
-    ap.add_argument("--link-gbps", type=float, default=0.0,
+    ap.add_argument("--link-gbps", type=nonnegative_float, default=0.0,
                     help="the compile section's buckets over a modelled link of this many Gbit/s (0: gloo)")
-    args = ap.parse_args()
+    args = parse_gpt_size(ap, argv)
 
     device = start(args.backend, pin=True).device
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     cfg = bench_gpt(args.n_layer, args.n_embd)
     base = GPT(cfg).to(device)
-    caps = [float(c) for c in args.caps.split(",")]
+    caps = args.caps
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, cfg.block_size + 1), generator=g).to(device)
     compiled = [] if args.compile == "skip" else compile_section(

@@ -19,14 +19,15 @@ import os
 import torch.distributed as dist
 
 from ..perf.fingerprints import fingerprint_cost
+from .arguments import positive_int, tool_parser
 from .cli import start
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--block", type=int, default=100)
-    args = ap.parse_args()
+def main(argv=None) -> None:
+    ap = tool_parser("bench-debug", __doc__, argparse.RawTextHelpFormatter)
+    ap.add_argument("--iters", type=positive_int, default=2000)
+    ap.add_argument("--block", type=positive_int, default=100)
+    args = ap.parse_args(argv)
     medians = fingerprint_cost(start(pin=True).device, args.iters, args.block)
     if dist.get_rank() == 0:
         fr = int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0)

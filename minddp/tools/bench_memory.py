@@ -31,6 +31,7 @@ from pathlib import Path
 from ..perf import memory as mem
 from ..perf.jobs import engine_version, first_error, launch, run_job
 from . import render
+from .arguments import choice_list, int_list, positive_int, readable, tool_parser, writable_out
 from .workload import GPT_PRESETS
 
 MODELS = {name: GPT_PRESETS[name] for name in ("gpt-10.8M", "gpt-50M", "gpt-tiny")}
@@ -140,14 +141,17 @@ def report(results: list[dict], steps: int, version: str = "") -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp bench-memory", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="gpt-10.8M,gpt-50M", help=f"of {', '.join(MODELS)}")
-    ap.add_argument("--dp", default="2,3", help="data-parallel sizes (ranks per job)")
-    ap.add_argument("--configs", default=",".join(mem.CONFIGS), help=f"of {', '.join(mem.CONFIGS)}")
-    ap.add_argument("--steps", type=int, default=STEPS)
-    ap.add_argument("--out", default="docs/bench_memory", help="writes OUT.md and OUT.json")
-    ap.add_argument("--reuse", metavar="JSON", help="re-render the report of an earlier OUT.json")
+    ap = tool_parser("bench-memory", __doc__)
+    ap.add_argument("--models", type=choice_list(MODELS), default="gpt-10.8M,gpt-50M",
+                    help=f"of {', '.join(MODELS)}")
+    ap.add_argument("--dp", type=int_list(), default="2,3", help="data-parallel sizes (ranks per job)")
+    ap.add_argument("--configs", type=choice_list(mem.CONFIGS), default=",".join(mem.CONFIGS),
+                    help=f"of {', '.join(mem.CONFIGS)}")
+    ap.add_argument("--steps", type=positive_int, default=STEPS)
+    ap.add_argument("--out", type=writable_out, default="docs/bench_memory",
+                    help="writes OUT.md and OUT.json")
+    ap.add_argument("--reuse", metavar="JSON", type=readable(_rows, "an OUT.json of bench-memory"),
+                    help="re-render the report of an earlier OUT.json")
     ap.add_argument("--worker", choices=list(mem.CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--model", default="gpt-10.8M", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -157,18 +161,20 @@ def main(argv=None) -> None:
     if args.reuse:
         old = json.loads(Path(args.reuse).read_text())
         return write(old["rows"], args, old.get("version", ""))
-    models, configs = args.models.split(","), args.configs.split(",")
-    bad = [x for x in models if x not in MODELS] + [x for x in configs if x not in mem.CONFIGS]
-    if bad:
-        raise SystemExit(f"minddp bench-memory: unknown {', '.join(bad)}; models: {', '.join(MODELS)}; "
-                         f"configs: {', '.join(mem.CONFIGS)}")
     results = []
-    for m in models:
-        for dp in (int(d) for d in args.dp.split(",")):
-            for c in configs:
+    for m in args.models:
+        for dp in args.dp:
+            for c in args.configs:
                 print(f"bench-memory: {m}, dp {dp}, {c} ...", flush=True)
                 results.append(run_config(c, m, dp, args.steps))
     write(results, args, engine_version())
+
+
+def _rows(path: str) -> list:
+    rows = json.loads(Path(path).read_text())["rows"]
+    if not isinstance(rows, list):
+        raise ValueError("its 'rows' is not a list")
+    return rows
 
 
 def write(results: list[dict], args, version: str) -> None:

@@ -32,6 +32,7 @@ from ..train.build import build_model
 from ..train.config import register
 from ..train.trainer import Trainer
 from . import render
+from .arguments import positive_int, tool_parser, writable_out
 from .cli import pin_to_core, ranks_phrase
 from .workload import GPT_PRESETS, overrides
 
@@ -52,13 +53,14 @@ def make_trainer(extra: list[str], run_dir: str) -> Trainer:
     return trainer
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=3, help="steps of each loop per round")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+def main(argv=None) -> None:
+    ap = tool_parser("bench-trainer", __doc__, argparse.RawTextHelpFormatter)
+    ap.add_argument("--repeats", type=positive_int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=6)
+    ap.add_argument("--steps", type=positive_int, default=3, help="steps of each loop per round")
+    ap.add_argument("--out", type=writable_out, default=None,
+                    help="also write the report here: FILE.md and FILE.json")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():  # GPU ranks are never pinned (see cli.start)
         pin_to_core()
     torch.set_num_threads(1)

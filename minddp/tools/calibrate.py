@@ -26,8 +26,19 @@ import torch.distributed as dist
 
 from ..perf import calibration
 from ..perf.calibration import UNDER_CAPS  # noqa: F401  (the caps of the under-backward fit)
-from ..perf.sweep import run_op, sweep_sizes
-from .cli import parse_size, start
+from ..perf.sweep import OPS, run_op, sweep_sizes
+from .arguments import (
+    choice_list,
+    nonnegative_int,
+    number,
+    parse_size,
+    positive_int,
+    size,
+    tool_parser,
+    writable_out,
+)
+from .bench import parse_sweep
+from .cli import start
 from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, build
 
 
@@ -46,17 +57,18 @@ def write_calibration(path, rows, n, device, floor: dict | None = None, under: d
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="minddp calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="docs/calibration.json", help="the calibration JSON")
-    ap.add_argument("--ops", default="all_reduce,zero1_reduce_scatter,zero1_all_gather",
+    ap = tool_parser("calibrate", __doc__)
+    ap.add_argument("--out", type=writable_out, default="docs/calibration.json", help="the calibration JSON")
+    ap.add_argument("--ops", type=choice_list(OPS),
+                    default="all_reduce,zero1_reduce_scatter,zero1_all_gather",
                     help="the collectives swept for alpha and beta (of minddp bench's)")
-    ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64MiB"))
-    ap.add_argument("-f", "--stepfactor", type=float, default=4)
-    ap.add_argument("-w", "--warmup", type=int, default=5)
-    ap.add_argument("-n", "--iters", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=3, help="measure everything this often, keep the medians")
+    ap.add_argument("-b", "--minbytes", type=size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=size, default=parse_size("64MiB"))
+    ap.add_argument("-f", "--stepfactor", type=number(1.0), default=4, help="> 1")
+    ap.add_argument("-w", "--warmup", type=nonnegative_int, default=5)
+    ap.add_argument("-n", "--iters", type=positive_int, default=30)
+    ap.add_argument("--repeats", type=positive_int, default=3,
+                    help="measure everything this often, keep the medians")
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     return ap
 
@@ -75,11 +87,11 @@ def summary(path, cal: dict) -> str:
 
 
 def main(argv=None) -> None:
-    args = _parser().parse_args(argv)
+    args = parse_sweep(_parser(), argv)
     device = start(args.backend).device
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    sweeps = [[r for op in args.ops.split(",") for r in run_op(op, sizes, torch.float32, args.warmup,
-                                                               args.iters, device)]
+    sweeps = [[r for op in args.ops
+               for r in run_op(op, sizes, torch.float32, args.warmup, args.iters, device)]
               for _ in range(args.repeats)]  # everything measured once per sweep, medians kept
     cal = write_calibration(args.out, sweeps[0], dist.get_world_size(), device, more_rows=sweeps[1:])
     if dist.get_rank() == 0:

@@ -1,19 +1,18 @@
 """Start-up shared by the command-line tools (bench, bench_ddp, bench_trainer, bench_debug,
-timeline, scaling): threads, core pinning, the process group on the right device, sizes on
-the command line. Timing is minddp.perf.clock's and the headless matplotlib minddp.perf.plot's,
-for every tool."""
+timeline, scaling): threads, core pinning, the process group on the right device. Timing is
+minddp.perf.clock's and the headless matplotlib minddp.perf.plot's, for every tool; how a tool
+declares and checks its arguments, minddp.tools.arguments."""
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 
 import torch
 
 from ..parallel.dist import DistInfo, init_distributed
 from ..perf.clock import timing_strategy  # noqa: F401  (how the tools' reports say they timed)
 from ..perf.plot import pyplot  # noqa: F401  (the one headless matplotlib)
+from .arguments import parse_size  # noqa: F401  (sizes on the command line: minddp.tools.arguments)
 
 BACKEND_DEVICE = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
 
@@ -44,15 +43,3 @@ def ranks_phrase(world: int, device: torch.device) -> str:
     if device.type == "cuda":
         return f"{world} nccl ranks, one {torch.cuda.get_device_name(device)} each"
     return f"{world} gloo ranks pinned to a core each, {torch.get_num_threads()} thread(s)"
-
-
-_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "T": 1e12}
-
-
-def parse_size(text: str) -> float:
-    """'512MB' -> 5.12e8, '64MiB' -> 67108864, '124M' -> 1.24e8 (also for parameter counts)."""
-    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MB, 64MiB, 124M)")
-    return float(m.group(1)) * _UNITS[m.group(2).upper()]

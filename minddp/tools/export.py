@@ -19,7 +19,6 @@ DIR must be new or empty; it appears whole or not at all. Writing needs `safeten
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -30,6 +29,7 @@ from ..errors import ConfigError
 from ..train import hf_gpt2
 from ..train.checkpoint import all_checkpoints, is_checkpoint_folder
 from ..train.generate import SampleError, read_checkpoint
+from .arguments import tool_parser
 
 TORCH_FILE = "checkpoint.pt"
 
@@ -96,8 +96,7 @@ def export(path: Path, state: dict, dest: Path, torch_file: bool) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = tool_parser("export", __doc__)  # a bad argument: one line, exit 2 (minddp.tools.arguments)
     ap.add_argument("target", type=Path, help="a run directory, or a checkpoint (file or folder)")
     ap.add_argument("--to", type=Path, required=True, help="the folder to write (new or empty)")
     ap.add_argument("--no-torch-file", action="store_true",

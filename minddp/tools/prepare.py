@@ -22,15 +22,14 @@ Exit codes: 0 done, 2 bad arguments or input, 1 an operating-system error (disk 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..train.data.prepare import OUTPUTS, PrepareError, prepare  # noqa: F401 - OUTPUTS: what it writes
+from .arguments import tool_parser
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp prepare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = tool_parser("prepare", __doc__)
     ap.add_argument("input")
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokenizer", choices=["bytes", "bpe"], default="bytes")

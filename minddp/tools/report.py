@@ -26,7 +26,6 @@ and the others are reported. Reading the folders and the analysis are minddp/per
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ from ..perf.runs import BadRun, add_efficiency, read_run, run_folders, series, s
 from ..train.metrics import summary as steady
 from ..train.resume.check import flatten
 from . import render
+from .arguments import existing_dir, tool_parser, writable_out
 
 
 def load_run(run_dir: Path) -> dict:
@@ -181,10 +181,10 @@ def report(folder, out=None, to_wandb: bool = False) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder")
-    ap.add_argument("--out", help="output prefix (default FOLDER/report -> report.md, report.png)")
+    ap = tool_parser("report", __doc__)
+    ap.add_argument("folder", type=existing_dir)
+    ap.add_argument("--out", type=writable_out,
+                    help="output prefix (default FOLDER/report -> report.md, report.png)")
     ap.add_argument("--wandb", action="store_true",
                     help="also log a W&B run of job_type=report into the study's group (wandb.mode auto)")
     args = ap.parse_args(argv)

@@ -17,7 +17,6 @@ the ids themselves are printed, with a note saying which file would turn them in
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
@@ -25,6 +24,7 @@ import torch
 
 from ..errors import ConfigError
 from ..train.generate import Codec, SampleError, check_pairing, codec_for, generate, load
+from .arguments import tool_parser
 
 
 def check_args(args) -> None:
@@ -64,8 +64,7 @@ def warn(message: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp sample", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = tool_parser("sample", __doc__)
     ap.add_argument("target", help="a run directory or a checkpoint file")
     ap.add_argument("--prompt", default="\n", help="text to continue, encoded with the run's tokenizer "
                     "(default: a newline)")

@@ -37,11 +37,23 @@ import torch
 
 from ..engine.buckets import TensorSpec
 from ..perf import study
+from ..perf.costmodel import PRESETS
 from ..perf.plot import pyplot
 from ..perf.study import STUDY_GPT
 from ..perf.workload import STUDY_BATCH
 from ..train.model import GPT, GPTConfig
 from . import render
+from .arguments import (
+    calibration_or_preset,
+    choice_list,
+    existing_dir,
+    float_list,
+    int_list,
+    nonnegative_int,
+    positive_int,
+    tool_parser,
+    writable_out,
+)
 
 
 @functools.cache
@@ -52,26 +64,8 @@ def study_params() -> tuple[torch.Tensor, ...]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp scaling", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worlds", default="1,2,4")
-    ap.add_argument("--caps", default="1,5,25,100")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1, help="runs of each configuration, rotated order")
-    ap.add_argument("--mode", choices=("strong", "weak"), default="strong",
-                    help="strong: the global batch fixed; weak: each rank's batch fixed (train.scaling)")
-    ap.add_argument("--variants", default="ddp",
-                    help="ddp, zero1, overlap (at world 2, beside DDP), or auto (those the trainer has)")
-    ap.add_argument("--out", help="prefix of the .md and .png (default: <the study's folder>/scaling)")
-    ap.add_argument("--calibration", default="docs/calibration.json", help="from `make calibrate`")
-    ap.add_argument("--preset", default="this-machine-gloo", help="when there is no calibration file")
-    ap.add_argument("--reuse", metavar="DIR", help="re-read the runs of an earlier study instead of running")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after the study's model)")
-    args = ap.parse_args(argv)
-    worlds = [int(w) for w in args.worlds.split(",")]
-    caps = [float(c) for c in args.caps.split(",")]
-    variants = study.available_variants(args.variants)
+    args = parse(argv)
+    worlds, caps, variants = args.worlds, args.caps, args.variants
     group = Path(args.reuse).name if args.reuse else f"scaling-{time.strftime('%Y%m%d-%H%M%S')}"
     # everything the study writes goes under the folder the user named: --out's, else ./outputs
     home = Path(args.out).parent if args.out else Path("outputs")
@@ -92,6 +86,33 @@ def main(argv=None) -> None:
     print(f"wrote {out}.md and {out}.png; runs in {out_dir}")
 
 
+def parse(argv=None) -> argparse.Namespace:
+    ap = tool_parser("scaling", __doc__)
+    ap.add_argument("--worlds", type=int_list(), default="1,2,4")
+    ap.add_argument("--caps", type=float_list(), default="1,5,25,100")
+    ap.add_argument("--steps", type=positive_int, default=16)
+    ap.add_argument("--warmup", type=nonnegative_int, default=4, help="steps left out, fewer than --steps")
+    ap.add_argument("--repeats", type=positive_int, default=1,
+                    help="runs of each configuration, rotated order")
+    ap.add_argument("--mode", choices=("strong", "weak"), default="strong",
+                    help="strong: the global batch fixed; weak: each rank's batch fixed (train.scaling)")
+    ap.add_argument("--variants", type=choice_list(study.VARIANTS, every="auto"), default="ddp",
+                    help="ddp, zero1, overlap (at world 2, beside DDP), or auto (those the trainer has)")
+    ap.add_argument("--out", type=writable_out,
+                    help="prefix of the .md and .png (default: <the study's folder>/scaling)")
+    ap.add_argument("--calibration", type=calibration_or_preset, default="docs/calibration.json",
+                    help="from `make calibrate` (where there is none: --preset)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="this-machine-gloo",
+                    help="when there is no calibration file")
+    ap.add_argument("--reuse", metavar="DIR", type=existing_dir,
+                    help="re-read the runs of an earlier study instead of running")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after the study's model)")
+    args = ap.parse_args(argv)
+    if args.warmup >= args.steps:
+        ap.error(f"--warmup {args.warmup} leaves none of --steps {args.steps} to measure")
+    return args
+
+
 def load_note(loads: list[float]) -> list[str]:
     if not loads:
         return []
@@ -104,8 +125,10 @@ def load_note(loads: list[float]) -> list[str]:
 def report(args, group, cal, cores, results) -> list:
     """The report's blocks (render.markdown)."""
     f, gpt, (batch, _) = cal.fabric, STUDY_GPT, STUDY_BATCH
-    cmd = (f"minddp scaling --worlds {args.worlds} --caps {args.caps} --repeats {args.repeats} "
-           f"--variants {args.variants} --steps {args.steps} --warmup {args.warmup}")
+    worlds, caps = ",".join(map(str, args.worlds)), ",".join(f"{c:g}" for c in args.caps)
+    cmd = (f"minddp scaling --worlds {worlds} --caps {caps} "
+           f"--repeats {args.repeats} --variants {','.join(args.variants)} --steps {args.steps} "
+           f"--warmup {args.warmup}")
     if args.reuse:  # the runs of an earlier study, predicted again (e.g. after make calibrate)
         cmd += f" --reuse {Path(args.reuse).name}"
     weak = args.mode == "weak"

@@ -10,8 +10,6 @@ or chrome://tracing. The trainer writes the same for one step with `train.trace_
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
 
@@ -20,8 +18,9 @@ from ..perf.clock import after_warmup
 from ..perf.engine_bench import phases, step, step_then_next
 from ..train.metrics.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
 from ..train.model import GPT
+from .arguments import positive_float, tool_parser, writable_out
 from .cli import start
-from .workload import bench_gpt, compiled, lm_loss
+from .workload import add_gpt_size, bench_gpt, compiled, lm_loss, parse_gpt_size
 
 
 def traced(model, spans_of) -> dict:
@@ -42,13 +41,11 @@ def traced_step(model, opt, x) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="minddp timeline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="outputs/timeline/timeline",
+    ap = tool_parser("timeline", __doc__)
+    ap.add_argument("--out", type=writable_out, default="outputs/timeline/timeline",
                     help="prefix of the .json and .png (make docs: docs/timeline)")
-    ap.add_argument("--bucket-mb", type=float, default=5.0)
-    ap.add_argument("--n-layer", type=int, default=6)
-    ap.add_argument("--n-embd", type=int, default=384)
+    ap.add_argument("--bucket-mb", type=positive_float, default=5.0)
+    add_gpt_size(ap)
     ap.add_argument("--compile", default="none", choices=["none", "model", "blocks", "all"],
                     help="torch.compile the whole model, each transformer block, or compare all three "
                          "(overlap on); minddp has dynamo split a whole-model graph at its buckets")
@@ -57,7 +54,7 @@ def main(argv=None) -> None:
     ap.add_argument("--zero1", action="store_true",
                     help="ZeRO-1 (shard_optimizer + ShardedOptimizer(AdamW)): the step's all-gathers "
                          "under the next forward and backward")
-    args = ap.parse_args(argv)
+    args = parse_gpt_size(ap, argv)
     device = start().device
     torch.manual_seed(0)
     cfg = bench_gpt(args.n_layer, args.n_embd)
