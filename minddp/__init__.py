@@ -30,5 +30,5 @@ __all__ = [
     "bf16_compress_hook",
     "fp16_compress_hook",
 ]
-__version__ = "0.4.0"
+__version__ = "0.6.0"  # the one place the version is written: pyproject.toml reads it
 _moved.install()  # old import paths (minddp.ddp, minddp.zero, ...) for one release
