@@ -113,6 +113,26 @@ def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | N
                   "tokenizer.json there (GPT-2's: the Hugging Face Hub's gpt2/tokenizer.json) to see text")
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's files are zip archives (since torch 1.6); minddp writes no other
+
+
+def not_torch_save(path: Path) -> str | None:
+    """Why a file cannot be a minddp checkpoint, before torch reads it: for any other file (a
+    README, an older torch's pickle) torch's refusal advises retrying with weights_only=False,
+    which would let the file run code. None for a folder or a zip archive (torch names what is
+    wrong inside one)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
+                return None
+    except OSError:  # a folder, or a read error that load_checkpoint reports as such
+        return None
+    if path.name.startswith("ckpt_") and path.suffix == ".pt":  # named as the trainer names its files
+        return f"checkpoint {path} is unreadable (truncated or corrupt): not a file torch.save wrote"
+    return (f"{path} is not a minddp checkpoint (torch.save did not write it): give a run directory, or "
+            "one of its checkpoints/ckpt_<step>.pt files or ckpt_<step> folders")
+
+
 def read_checkpoint(target: Path, warn=None) -> tuple[Path, dict]:
     """A checkpoint file, or a run directory's newest readable one: a corrupt newer file is
     named to `warn` and the previous one used (generating changes nothing on disk)."""
@@ -128,6 +148,8 @@ def read_checkpoint(target: Path, warn=None) -> tuple[Path, dict]:
     problems = []
     for path in candidates:
         try:
+            if (why := not_torch_save(path)) is not None:
+                raise ConfigError(why)
             return path, load_checkpoint(path, "cpu")
         except (ConfigError, OSError) as e:  # corrupt, refused or unreadable
             problems.append(str(e).splitlines()[0])

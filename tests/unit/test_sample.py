@@ -204,3 +204,26 @@ def test_a_char_vocabulary_whose_itos_is_a_list_decodes(tmp_path, capsys):
     run_dir = fake_run(tmp_path / "run", folder, len(chars))
     code, out, err = run(capsys, run_dir, "--prompt", "abc", "--tokens", "20")
     assert code == 0 and out.startswith("abc") and set(out) <= set(chars), err
+
+
+def test_a_file_torch_save_did_not_write_is_not_a_minddp_checkpoint(tmp_path, capsys):
+    """`minddp sample README.md` passed on torch's advice to retry with weights_only=False (which
+    would let a file run code): it says the file is not a minddp checkpoint (issue 50.6)."""
+    from tests.conftest import ROOT
+
+    code, out, err = run(capsys, ROOT / "README.md")
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert f"minddp sample: error: {ROOT / 'README.md'} is not a minddp checkpoint" in err, err
+    assert "weights_only" not in err and "Re-running" not in err, err
+
+
+def test_a_damaged_checkpoint_never_passes_on_torchs_advice_to_load_it_unsafely(tmp_path, capsys):
+    """A ckpt_<step>.pt of junk is a damaged checkpoint: named so, alone or beside an older one."""
+    char_folder(tmp_path / "d")
+    run_dir = fake_run(tmp_path / "run", tmp_path / "d", 10)
+    junk = run_dir / "checkpoints" / "ckpt_00000002.pt"
+    junk.write_bytes(b"\x80\x02" + os.urandom(3000))  # a pickle's start: torch's older format
+    for target in (junk, run_dir):
+        code, _, err = run(capsys, target, "--prompt", "a", "--tokens", "2")
+        assert f"checkpoint {junk} is unreadable" in err and "weights_only" not in err, err
+        assert code == (2 if target == junk else 0), err
