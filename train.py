@@ -14,6 +14,9 @@ This file is the Hydra entry and the error reporting; the loop is minddp/train/t
 from __future__ import annotations
 
 import os
+
+os.environ["MINDDP_WORKER_PARENT"] = f"{os.getpid()}:{os.getppid()}"  # first (minddp.parallel.agent)
+
 import re
 import sys
 
@@ -23,6 +26,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from minddp.parallel.agent import stop_with_agent
 from minddp.parallel.dist import env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.train.config import ConfigError, register, unknown_key_hint, value_hint
 from minddp.train.io import run_dir as run_dirs
@@ -110,6 +114,7 @@ def run() -> None:
     raises these instead of printing its own lines; main() unsets it again, so the run's own
     errors are reported Hydra's usual way. A HYDRA_FULL_ERROR you set yourself gets Hydra's trace."""
     global _raise_hydra_errors
+    stop_with_agent("its checkpoints are whole: train.resume=auto continues the run")  # under torchrun
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
     if "HYDRA_FULL_ERROR" not in os.environ:
         os.environ["HYDRA_FULL_ERROR"] = _raise_hydra_errors = "1"

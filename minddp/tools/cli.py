@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ..parallel.agent import stop_with_agent
 from ..parallel.dist import DistInfo, init_distributed
 from ..perf.clock import timing_strategy  # noqa: F401  (how the tools' reports say they timed)
 from ..perf.plot import pyplot  # noqa: F401  (the one headless matplotlib)
@@ -31,6 +32,7 @@ def start(backend: str = "auto", pin: bool = False) -> DistInfo:
     thread would share that one core."""
     if backend not in BACKEND_DEVICE:
         raise SystemExit(f"--backend must be one of {', '.join(BACKEND_DEVICE)}, got {backend!r}")
+    stop_with_agent()  # under torchrun: a worker whose agent died stops
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     on_gpu = backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
     if pin and not on_gpu:  # before the process group: its threads inherit the core

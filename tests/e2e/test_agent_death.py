@@ -1,0 +1,51 @@
+"""Killing only torchrun's agent (SIGKILL) stops its workers within seconds, each saying why
+(issue 50.6: before, they trained on unsupervised until max_steps)."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from minddp.train.launch import workers
+from tests.conftest import ROOT, SMALL
+from tests.launch import env_for, torchrun, wait_for_step
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for a reaper that does not reap counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_agent_alone_stops_both_workers_within_seconds(tmp_path):
+    run = tmp_path / "run"
+    args = [*SMALL, "train.max_steps=100000", "train.eval_every=0", "train.ckpt_every=0"]
+    agent = subprocess.Popen(torchrun(2, ROOT / "train.py", *args), cwd=ROOT, env=env_for(run),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = []
+    try:
+        wait_for_step(run, 2, timeout=120)
+        ranks = workers(agent.pid)
+        assert len(ranks) == 2, ranks
+        agent.kill()  # the agent only: its workers are in sessions of their own
+        agent.wait()
+        t0 = time.monotonic()
+        # the workers hold the pipe's other end: its end of file is the last of them gone
+        out, _ = agent.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert not any(_alive(pid) for pid in ranks), ranks
+    finally:
+        for pid in ranks:  # never leave a worker training (the old behaviour)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    said = sorted(line for line in out.splitlines() if "minddp: stopped: torchrun's agent" in line)
+    assert [line[:8] for line in said] == ["[rank 0]", "[rank 1]"], out[-3000:]
+    assert all(f"(pid {agent.pid}) is gone" in line and "train.resume=auto" in line for line in said), said
+    print(f"workers gone {took:.1f} s after the agent's SIGKILL")
+    assert took < 15, took
