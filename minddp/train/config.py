@@ -195,6 +195,8 @@ class WandbConfig:
     repeat: int = 0  # which repeat of a configuration this run is (minddp scaling sets it)
     job_type: JobType = JobType.train  # train | report | bench: W&B's job type
     tags: List[str] = field(default_factory=list)  # W&B tags, besides the variant and the scaling mode
+    # seconds an online run may take to start (W&B's own default: 90); past it the run logs offline
+    init_timeout: float = 30.0
 
 
 @dataclass
@@ -277,6 +279,8 @@ def validate(cfg, world_size: int) -> dict:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
     if cfg.wandb.repeat < 0:
         raise ConfigError(f"wandb.repeat must be >= 0, got {cfg.wandb.repeat}")
+    if not cfg.wandb.init_timeout > 0:  # NaN too; inf: _non_finite
+        raise ConfigError(f"wandb.init_timeout must be > 0 seconds, got {cfg.wandb.init_timeout}")
     for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
         raise ConfigError(problem)
     return {"dims": dims, "accum": accum, "global_batch": global_batch}

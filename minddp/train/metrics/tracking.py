@@ -162,8 +162,9 @@ class Tracker:
         lines = [f"outputs: checkpoints (the model) in {run / 'checkpoints'}, metrics in {self.metrics_path}"]
         if self.wandb_run is not None:
             wandb_dir = Path(self.wandb_run.settings.sync_dir)
-            lines.append(f"  W&B ({self.mode}): {wandb_dir}"
-                         + ("  (upload it: wandb sync <that folder>)" if self.mode == "offline" else ""))
+            offline = self.wandb_run.offline  # as it started: an online run that could not is offline
+            lines.append(f"  W&B ({'offline' if offline else self.mode}): {wandb_dir}"
+                         + ("  (upload it: wandb sync <that folder>)" if offline else ""))
         lines.append(f"  next: minddp sample {run}   (text from the model)")
         lines.append(f"        minddp report {run}   (a table and plots; a parent folder compares runs)")
         return "\n".join(lines)

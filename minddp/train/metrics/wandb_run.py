@@ -1,9 +1,12 @@
 """The run's W&B side, which never takes the run down: training and checkpoints do not depend on it.
 
-- `mode("auto")`: WANDB_MODE if set, else online when W&B's own login state has credentials
-  (WANDB_API_KEY, its settings, ~/.netrc: `wandb.login(verify=False, prompt=False)`) and its
-  server answers within seconds, else offline (an air-gapped cluster that exports a key
-  everywhere gets one line, not a 95 s stall and a CommError).
+- `resolve_mode("auto")`: WANDB_MODE if set, else online when W&B's own login state has
+  credentials (WANDB_API_KEY, its settings, ~/.netrc: `wandb.login(verify=False, prompt=False)`)
+  and its server answers within seconds, else offline (an air-gapped cluster that exports a key
+  everywhere gets one line, not a 95 s stall and a CommError). `online` is checked the same way:
+  without credentials or a server that answers it logs offline, saying so in one line; and a run
+  that does not start online within `wandb.init_timeout` seconds (W&B's own wait is 90 s) is
+  started offline instead. Nothing is lost either way: `wandb sync` uploads an offline run.
 - `open_run`: wandb.init for this run (group, job type, tags, flat identity), or None with one
   warning naming the folder where W&B cannot start (a read-only `wandb/`, a file in its place,
   a server that refuses).
@@ -31,24 +34,29 @@ from . import summary as steady
 
 log = logging.getLogger("minddp")
 REACH_TIMEOUT_S = 3.0
+INIT_TIMEOUT_S = 30.0  # wandb.init_timeout's default (minddp.train.config.WandbConfig)
 WRITTEN = "wandb_written.json"
 
 
 def resolve_mode(mode: str) -> str:
-    """auto: WANDB_MODE if set, online when logged in to W&B and its server answers, else offline."""
+    """auto: WANDB_MODE if set, else as online. online: online when logged in to W&B and its
+    server answers, else offline (one line, except for auto without credentials: the default)."""
     mode = str(mode)
-    if mode != "auto":
-        return mode
-    if os.environ.get("WANDB_MODE"):
+    if mode == "auto" and os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
+    if mode not in ("auto", "online"):
+        return mode
     import wandb
 
     if not wandb.login(verify=False, prompt=False):  # W&B's own login state; no prompt, no network
+        if mode == "online":
+            log.warning("W&B: wandb.mode=online, but no W&B credentials (WANDB_API_KEY or `wandb login`); "
+                        "logging offline instead; upload later with wandb sync")
         return "offline"
     base_url = wandb.setup().settings.base_url
     if (why := unreachable(base_url)) is not None:
         log.warning(f"W&B: {base_url} did not answer within {REACH_TIMEOUT_S:g} s ({why}); logging offline "
-                    "instead (wandb.mode=auto); upload later with wandb sync")
+                    f"instead (wandb.mode={mode}); upload later with wandb sync")
         return "offline"
     return "online"
 
@@ -71,7 +79,7 @@ def open_run(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, resum
     logged `rows` (metrics.jsonl up to the checkpoint); those W&B may lack are logged again."""
     sure = None if resume_step is None else min(resume_step, written(run_dir))
     try:
-        run = _init(run_dir, wandb_cfg, name, mode, config, sure)
+        run = _start(run_dir, wandb_cfg, name, mode, config, sure)
         if sure is not None:
             relog(run, [r for r in rows if sure < r["step"] <= resume_step], run_dir)
             mark_written(run_dir, sure)
@@ -80,6 +88,27 @@ def open_run(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, resum
                     "training goes on without W&B (metrics.jsonl and checkpoints as usual)")
         return None
     return run
+
+
+def _start(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, rewind_to: int | None):
+    """_init; an online run that cannot start within wandb.init_timeout (a server that answers
+    but not in time) starts offline instead, in one line."""
+    try:
+        return _init(run_dir, wandb_cfg, name, mode, config, rewind_to)
+    except Exception as e:  # noqa: BLE001 - wandb's CommError on a timeout, and its other errors
+        if mode != "online":
+            raise
+        log.warning(f"W&B: no online run within wandb.init_timeout={init_timeout(wandb_cfg):g} s "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); logging offline instead; "
+                    "upload later with wandb sync")
+        import wandb
+
+        wandb.teardown()  # W&B's service still holds the run's id for the online attempt: "in use"
+        return _init(run_dir, wandb_cfg, name, "offline", config, rewind_to)
+
+
+def init_timeout(wandb_cfg) -> float:
+    return float(getattr(wandb_cfg, "init_timeout", None) or INIT_TIMEOUT_S)
 
 
 def relog(run, rows: list[dict], run_dir: Path) -> None:
@@ -114,7 +143,7 @@ def _init(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, rewind_t
     common = dict(project=wandb_cfg.project, group=wandb_cfg.group, name=name, mode=mode, dir=str(run_dir),
                   job_type=str(wandb_cfg.job_type), tags=tags,
                   # no history/summary tables and sync hints at the end: next_steps() says where things are
-                  settings=wandb.Settings(quiet=True))
+                  settings=wandb.Settings(quiet=True, init_timeout=init_timeout(wandb_cfg)))
     if rewind_to is None:
         run = wandb.init(id=run_id, resume="allow", config=config, **common)
     else:
