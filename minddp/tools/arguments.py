@@ -68,7 +68,6 @@ def whole(least: int) -> Callable[[str], int]:
         if value < least:
             raise BadValue(f"{value} is not possible: it must be a finite number {_bound(least, True)}")
         return value
-    parse.__name__ = f"whole number >= {least}"
     return parse
 
 
@@ -80,7 +79,6 @@ def number(least: float = 0.0, inclusive: bool = False) -> Callable[[str], float
         except ValueError:
             raise BadValue(f"{text!r} is not a number") from None
         return _in_range(value, least, inclusive)
-    parse.__name__ = f"number {_bound(least, inclusive)}"
     return parse
 
 
@@ -150,7 +148,6 @@ def _list_of(item: Callable, what: str, example: str) -> Callable[[str], list]:
             return [item(p) for p in parts]
         except BadValue as e:
             raise BadValue(f"{text!r}: {e}") from None
-    parse.__name__ = f"list of {what}"
     return parse
 
 
@@ -172,7 +169,6 @@ def readable(load: Callable, what: str, missing_ok: bool = False) -> Callable[[s
             why = f"{type(e).__name__}: {e}" if isinstance(e, (KeyError, TypeError)) else str(e)
             raise BadValue(f"{text} is not {what} ({why[:160]})") from None
         return text
-    parse.__name__ = what
     return parse
 
 
