@@ -43,7 +43,7 @@ class ToolParser(argparse.ArgumentParser):
             self.error(f"{e.argument_name} {e.message}" if ours and e.argument_name else str(e))
 
     def error(self, message: str):
-        rank = f"[rank {os.environ['RANK']}] " if "LOCAL_RANK" in os.environ else ""  # under torchrun
+        rank = f"[rank {os.environ.get('RANK', '?')}] " if "LOCAL_RANK" in os.environ else ""  # torchrun
         message = " ".join(str(message).split())  # one line, whatever the message held
         sys.stderr.write(f"{rank}{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
         raise SystemExit(2)
