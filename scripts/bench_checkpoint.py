@@ -16,12 +16,15 @@ run on one machine state:
                 commit): what the folder format adds on top of DCP
 Reported per variant: the checkpoint step over a normal step (medians and min-max over
 rounds), the next step's time over a normal one, and each rank's peak RSS above its level
-before the save (VmRSS sampled every 2 ms). Ranks are pinned to cores.
+before the save (VmRSS sampled every 2 ms). On the CPU each rank is pinned to one core; on a
+GPU (make gpu-check's async-stall item: --variants folder,folder-async --json) nothing is pinned,
+so the background write has the host cores the step leaves idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -81,11 +84,12 @@ def save(variant: str, trainer, step: int, folder: Path, group):
     """One checkpoint; returns minddp's save in progress for folder-async (committed after the
     next step)."""
     if variant != "dcp":
-        return state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
+        saved = state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
                           batches=trainer.batches, mesh=trainer.mesh, device=trainer.info.device,
                           saved_with={"config": trainer.run_config(), "data": trainer.data_info.as_dict()},
                           folder=variant != "file", background=variant == "folder-async",
                           log=lambda msg: None)
+        return saved if variant == "folder-async" else None  # the others are committed already
     trainer.opt.wait_params()
     dcp.save(dcp_state(trainer), checkpoint_id=str(folder / f"dcp_{step:08d}"), process_group=group)
     return None
@@ -109,12 +113,13 @@ def bench(args) -> dict:
     trainer = Trainer(cfg, str(run_dir))
     trainer.setup()
     group = dist.new_group(backend="gloo")  # DCP's collectives (torch's advice for async_save)
-    step, out = 0, {v: {"ckpt": [], "after": [], "normal": [], "peak": []} for v in VARIANTS}
+    variants = args.variants
+    step, out = 0, {v: {"ckpt": [], "after": [], "normal": [], "peak": []} for v in variants}
     for _ in range(2):  # warm-up: buckets, allocator, the optimizer's state
         step += 1
         timed_step(trainer, step)
     for r in range(args.rounds):
-        for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             normal = []
             for _ in range(args.normal):
                 step += 1
@@ -144,6 +149,7 @@ def bench(args) -> dict:
             o["normal"].append(statistics.median(normal))
             o["peak"].append(peaks)
     out["params"] = trainer.num_params
+    out["device"] = f"{trainer.info.backend} on {trainer.info.device.type}"
     return out
 
 
@@ -152,15 +158,15 @@ def spread(values: list[float]) -> str:
 
 
 def table(out: dict, args) -> str:
-    lines = [f"# What a checkpoint costs the step ({out['params'] / 1e6:.1f}M-parameter GPT, dp 2, "
-             f"ZeRO-1 {'on' if args.zero1 else 'off'}, gloo on CPU)", "",
+    lines = [f"# What a checkpoint costs the step ({out['params'] / 1e6:.1f}M-parameter GPT, dp "
+             f"{dist.get_world_size()}, ZeRO-1 {'on' if args.zero1 else 'off'}, {out['device']})", "",
              "Written by `make bench-checkpoint` (scripts/bench_checkpoint.py). Each round every variant "
              f"saves once, in rotated order; {args.rounds} rounds, medians (min-max). Ratios are over the "
              "median normal step of the same round, so all are from one run. What they decide: "
              "[checkpoints_at_scale.md](checkpoints_at_scale.md).", "",
              "| variant | normal step (s) | checkpoint step (s) | checkpoint / normal | next step / normal | "
              "rank 0 peak RSS over its level (MiB) | rank 1 (MiB) |", "|---|---|---|---|---|---|---|"]
-    for v in VARIANTS:
+    for v in args.variants:
         o = out[v]
         ratio = [c / n for c, n in zip(o["ckpt"], o["normal"])]
         after = [a / n for a, n in zip(o["after"], o["normal"])]
@@ -179,10 +185,16 @@ def main() -> None:
     parser.add_argument("--zero1", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", default=None, help="a markdown file for the table (rank 0)")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp folder)")
+    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS),
+                        help=f"comma-separated, of {','.join(VARIANTS)}")
+    parser.add_argument("--json", default=None, help="the measurements as JSON (rank 0)")
     args = parser.parse_args()
+    if set(args.variants) - set(VARIANTS) or not args.variants:
+        parser.error(f"--variants: choose from {','.join(VARIANTS)}")
     rank = int(os.environ.get("RANK", "0"))
-    os.sched_setaffinity(0, {rank % os.cpu_count()})
-    torch.set_num_threads(1)
+    if not torch.cuda.is_available():  # one core per rank; a GPU run leaves the host cores free
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
+        torch.set_num_threads(1)
     register()
     scratch = args.dir is None  # one folder for every rank of this job (torchrun's run id)
     job = os.environ.get("TORCHELASTIC_RUN_ID", "local")
@@ -193,6 +205,8 @@ def main() -> None:
         print(text)
         if args.out:
             Path(args.out).write_text(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
     dist.barrier()
     if scratch and rank == 0:
         shutil.rmtree(args.dir, ignore_errors=True)

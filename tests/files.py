@@ -92,6 +92,18 @@ TINY_STATE = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {}, "param_g
               "scheduler": {"last_epoch": 0}, "rng": [{"cpu": torch.get_rng_state()}]}
 
 
+def write_folder(final, state):
+    """A folder checkpoint written by one process, as FOLDER.save does it on every rank."""
+    from minddp.train.checkpoint import folders
+
+    small, tensors = folders.split(state)
+    tmp = folders.begin(final)
+    folders.write_small(tmp, small)
+    folders.write_tensors(tmp, tensors)
+    folders.publish(tmp, final, folders.checksums(tmp, [p.name for p in tmp.iterdir()]))
+    return final
+
+
 def snapshot(paths) -> dict:
     """Each file's bytes and modification time: to show a failed operation left them alone."""
     return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}

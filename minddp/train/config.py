@@ -123,9 +123,13 @@ class TrainConfig:
     eval_every: int = 50
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
-    # file: one ckpt_<step>.pt written by rank 0 | dcp: a folder ckpt_<step>/, each rank writes its part
-    ckpt_format: CkptFormat = CkptFormat.file
-    ckpt_async: bool = False  # dcp only: the write runs beside the next step, committed after it
+    # dcp: a folder ckpt_<step>/, each rank writes its part | file: one ckpt_<step>.pt written by rank 0
+    ckpt_format: CkptFormat = CkptFormat.dcp
+    # auto | true | false: the write runs beside the next step, committed after it (dcp only);
+    # auto: on for CUDA (a device-to-host copy, then host cores write), off on the CPU
+    ckpt_async: Any = "auto"
+    ckpt_keep: Optional[int] = 3  # keep the newest N checkpoints; 0 or null: keep all
+    ckpt_keep_every: Optional[int] = None  # and, forever, those at steps divisible by N; 0 or null: none
     resume: str = "none"  # none | auto | <run dir> (continues it there) | <path to a checkpoint>
     resume_force: bool = False  # resume even if seed, model, global batch or data changed
     log_every: int = 1  # a metrics row every N steps (means over them); progress lines at most every 10
@@ -437,9 +441,16 @@ def _setting_problems(cfg):
     if min(t.eval_every, t.ckpt_every, t.check_every, t.flight_recorder, t.max_skipped_steps) < 0:
         yield ("train.eval_every, train.ckpt_every, train.check_every, train.flight_recorder and "
                "train.max_skipped_steps must be >= 0")
-    if t.ckpt_async and t.ckpt_format != "dcp":
+    if t.ckpt_async not in (True, False, "auto"):
+        yield f"train.ckpt_async must be auto, true or false, got {t.ckpt_async!r}"
+    elif t.ckpt_async is True and t.ckpt_format != "dcp":
         yield ("train.ckpt_async=true writes in the background through torch.distributed.checkpoint: "
                "set train.ckpt_format=dcp too (or train.ckpt_async=false)")
+    for key in ("ckpt_keep", "ckpt_keep_every"):
+        if t[key] is not None and not t[key] >= 0:
+            yield (f"train.{key}={t[key]} must be >= 0 (train.ckpt_keep: the newest N checkpoints kept, "
+                   "train.ckpt_keep_every: steps whose checkpoint is kept forever; 0 or null: keep all / "
+                   "none)")
     if t.flight_recorder > FLIGHT_RECORDER_MAX:
         yield (f"train.flight_recorder={t.flight_recorder} is more than {FLIGHT_RECORDER_MAX:,} collectives: "
                "torch keeps each one in memory (and hangs setting up more than 2**31); the last 2000 (the "

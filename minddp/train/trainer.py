@@ -37,6 +37,7 @@ from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
 from . import checkpoint, init_from
 from .build import build_model, build_optimizer, compile_model, lr_factor
+from .checkpoint.manager import CheckpointManager
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
@@ -115,8 +116,10 @@ class Trainer:
         self._window: list[StepResult] = []  # the steps since the last metrics row
         self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
         self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
-        self._saving = None  # a checkpoint written in the background (train.ckpt_async)
         self.faults = Faults(t, info.rank)
+        self.checkpoints = CheckpointManager(self.run_dir, t, info.device.type, self.tracker.info,
+                                             self.faults.pause)
+        self.tracker.info(self.checkpoints.describe())
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
@@ -213,7 +216,9 @@ class Trainer:
         finally:
             if profiler:
                 profiler.stop()
-            self._end_background_save()
+            self.checkpoints.end()  # a save in flight on the way out: committed or removed, said
+            if self.info.is_main:
+                self.tracker.info(self.checkpoints.usage())
             self.tracker.close()
         if self.tracker.next_steps():  # rank 0, after W&B's own closing lines
             self.tracker.info(self.tracker.next_steps())
@@ -253,31 +258,18 @@ class Trainer:
         return stopping
 
     def save_if_due(self, step: int, last: bool) -> None:
-        """Commit the save written beside this step (train.ckpt_async), then save if one is due:
-        in the background unless it is the run's last."""
-        t = self.t
-        if self._saving is not None:
-            saving, self._saving = self._saving, None  # a failed commit is over too (removed, said)
-            state.commit(saving, log=self.tracker.info)
-        if (t.ckpt_every and step % t.ckpt_every == 0) or last:
-            self._saving = state.save(
-                self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched, batches=self.batches,
-                mesh=self.mesh, device=self.info.device, log=self.tracker.info,
-                folder=t.ckpt_format == "dcp", background=t.ckpt_async and not last,
-                pause=lambda: self.faults.pause("checkpoint_write", step),
-                saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
-                            "skipped_steps": self.skipped})
+        """Commit the save written beside this step, save if one is due, apply retention
+        (checkpoint/manager.py); the run's last save is in the foreground."""
+        self.checkpoints.after_step(step, last, self._write_checkpoint)
 
-    def _end_background_save(self) -> None:
-        """On the way out with an error (the loop's own ends commit it): the save written in the
-        background is completed and committed, or removed; never left running into the
-        process's teardown, which aborts (SIGABRT) under a thread inside a collective."""
-        if self._saving is None:
-            return
-        saving, self._saving = self._saving, None
-        line = state.end(saving, self.t.timeout_s)
-        if line:
-            self.tracker.info(line)
+    def _write_checkpoint(self, step: int, background: bool):
+        return state.save(
+            self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched, batches=self.batches,
+            mesh=self.mesh, device=self.info.device, folder=self.checkpoints.fmt.name == "dcp",
+            background=background, timeout_s=self.t.timeout_s,
+            pause=lambda: self.faults.pause("checkpoint_write", step),
+            saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
+                        "skipped_steps": self.skipped})
 
     def train_step(self, step: int) -> StepResult:
         """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""

@@ -21,7 +21,8 @@ from tests.launch import run_train
 from tests.training_state import CPU, outcome, setup, train
 
 ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=3", "train.eval_every=0"]
-DCP = "train.ckpt_format=dcp"
+DCP = "train.ckpt_format=dcp"  # the default: named where a test is about it
+FILE = "train.ckpt_format=file"
 ZERO = "ddp.shard_optimizer=true"
 
 
@@ -45,7 +46,7 @@ def test_a_folder_resumes_bitwise_and_at_any_dp_size_sharded_or_not(tmp_path):
     run_train(tmp_path / "a", *ARGS, DCP, ZERO, "train.stop_at_step=3", nproc=2)
     run_train(tmp_path / "a", *ARGS, DCP, "train.resume=auto", nproc=1)
     # 0.4's format (a file) on 1 rank -> a sharded folder run on 2
-    run_train(tmp_path / "b", *ARGS, "train.stop_at_step=3", nproc=1)
+    run_train(tmp_path / "b", *ARGS, FILE, "train.stop_at_step=3", nproc=1)
     run_train(tmp_path / "b", *ARGS, DCP, ZERO, "train.resume=auto", nproc=2)
     names = [p.name for p in checkpoint.all_checkpoints(tmp_path / "b")]
     assert names == ["ckpt_00000006", "ckpt_00000003.pt"]
@@ -106,7 +107,7 @@ def test_a_damaged_folder_is_corrupt_and_the_previous_checkpoint_is_used(saved_r
 @pytest.mark.slow
 def test_a_folder_loads_into_the_same_state_as_a_file_of_the_same_run(saved_run, tmp_path):
     """Every key a file holds, with the optimizer's state joined into full tensors by index."""
-    run_train(tmp_path / "file", *ARGS, ZERO, nproc=2)
+    run_train(tmp_path / "file", *ARGS, FILE, ZERO, nproc=2)
     folder = checkpoint.load(checkpoint.latest(saved_run), "cpu")
     file = checkpoint.load(checkpoint.latest(tmp_path / "file"), "cpu")
     assert folder.keys() == file.keys() - {"checksums"}
@@ -165,7 +166,7 @@ def test_a_background_save_commits_after_the_next_step_and_resumes_bitwise(tmp_p
 
 @pytest.mark.slow
 def test_a_background_save_needs_the_folder_format(tmp_path):
-    p = run_train(tmp_path / "run", *ARGS, "train.ckpt_async=true", check=False, timeout=60)
+    p = run_train(tmp_path / "run", *ARGS, FILE, "train.ckpt_async=true", check=False, timeout=60)
     assert p.returncode == 2 and "set train.ckpt_format=dcp too" in p.stderr, p.stderr[-2000:]
 
 

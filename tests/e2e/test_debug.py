@@ -17,11 +17,11 @@ ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
 
 @pytest.mark.slow
 def test_truncated_checkpoint_is_named_and_the_previous_one_used(tmp_path):
-    run_train(tmp_path / "run", *ARGS, "train.stop_at_step=4")
+    run_train(tmp_path / "run", *ARGS, "train.ckpt_format=file", "train.stop_at_step=4")
     first = metrics(tmp_path / "run")  # steps 1-4: the reference for steps 3 and 4 done again
     ckpt = tmp_path / "run" / "checkpoints" / "ckpt_00000004.pt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated on disk
-    p = run_train(tmp_path / "run", *ARGS, "train.resume=auto")
+    p = run_train(tmp_path / "run", *ARGS, "train.ckpt_format=file", "train.resume=auto")
     assert f"checkpoint {ckpt} is unreadable" in p.stdout + p.stderr
     assert "resumed from" in p.stdout + p.stderr and "ckpt_00000002.pt" in p.stdout + p.stderr
     again = metrics(tmp_path / "run")
@@ -29,7 +29,7 @@ def test_truncated_checkpoint_is_named_and_the_previous_one_used(tmp_path):
     assert_same_curves(again[:4], first, atol=1e-6)  # from step 2's checkpoint, the same steps 3 and 4
     # an explicit path to a broken checkpoint is refused, clearly, with exit code 2
     ckpt.write_bytes(b"garbage")
-    p = run_train(tmp_path / "x", *ARGS, f"train.resume={ckpt}", check=False)
+    p = run_train(tmp_path / "x", *ARGS, "train.ckpt_format=file", f"train.resume={ckpt}", check=False)
     assert p.returncode == 2 and "unreadable (truncated or corrupt)" in p.stderr
 
 

@@ -143,7 +143,7 @@ def test_bare_torchrun_exits_1_on_sigterm_and_the_resume_command_is_in_train_log
     log = (tmp_path / "run" / "train.log").read_text().splitlines()
     at = max(i for i, line in enumerate(log) if line.endswith("resume with:"))
     assert log[at + 1].strip().endswith(f"train.resume={tmp_path / 'run'}"), log[at:]
-    assert list((tmp_path / "run" / "checkpoints").glob("*.pt"))
+    assert list((tmp_path / "run" / "checkpoints").glob("ckpt_*"))
 
 
 def _shape(line: str, run_dir: str) -> str:

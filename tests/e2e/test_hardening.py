@@ -82,7 +82,7 @@ def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
     rows = metrics(ref)
     assert rows[-1]["mem/peak_rss_mb"] - rows[0]["mem/peak_rss_mb"] < 30, rows
-    assert os.path.exists(run_dir / "checkpoints" / "ckpt_00001000.pt")
+    assert os.path.exists(run_dir / "checkpoints" / "ckpt_00001000")
 
 
 def test_trainer_api_in_process_save_and_load_round_trip(tmp_path, in_process_trainer):

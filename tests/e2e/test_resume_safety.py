@@ -26,6 +26,7 @@ def test_a_real_full_disk_is_a_checkpoint_write_error_and_the_previous_one_stays
 
 # ------------------------------------------------------------ end to end (slow)
 ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2"]
+FILES = [*ARGS, "train.ckpt_format=file"]  # for the tests that damage a checkpoint file's bytes
 
 
 @pytest.mark.slow
@@ -43,13 +44,13 @@ def test_hydras_own_errors_exit_2_in_one_line(tmp_path, override, message):
 @pytest.mark.slow
 def test_all_checkpoints_unreadable_exits_2_on_every_rank_naming_them(tmp_path):
     run = tmp_path / "run"
-    run_train(run, *ARGS, "train.stop_at_step=4", nproc=2)
+    run_train(run, *FILES, "train.stop_at_step=4", nproc=2)
     paths = checkpoint.all_checkpoints(run)
     assert len(paths) == 2
     for p in paths:
         p.write_bytes(p.read_bytes()[:500])
     before, rows = snapshot(paths), metrics(run)
-    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=120)
+    p = run_train(run, *FILES, "train.resume=auto", nproc=2, check=False, timeout=120)
     assert p.returncodes == [2, 2], p.stderr[-3000:]
     for rank in (0, 1):
         assert f"[rank {rank}] minddp: configuration error:" in p.stderr, p.stderr[-3000:]
@@ -61,12 +62,12 @@ def test_all_checkpoints_unreadable_exits_2_on_every_rank_naming_them(tmp_path):
 @pytest.mark.slow
 def test_a_transient_read_error_stops_every_rank_without_falling_back(tmp_path):
     run = tmp_path / "run"
-    run_train(run, *ARGS, "train.stop_at_step=4", nproc=2)
+    run_train(run, *FILES, "train.stop_at_step=4", nproc=2)
     newest = checkpoint.latest(run)
     data = newest.read_bytes()
     newest.unlink()
     newest.symlink_to("/proc/self/mem")  # reading it is a real I/O error (EIO)
-    p = run_train(run, *ARGS, "train.resume=auto", nproc=2, check=False, timeout=120)
+    p = run_train(run, *FILES, "train.resume=auto", nproc=2, check=False, timeout=120)
     assert p.returncode != 0 and 2 not in p.returncodes, p.stderr[-3000:]  # not a config error
     assert "[rank 0] minddp: CheckpointReadError: could not read checkpoint" in p.stderr
     assert "[rank 1] minddp: CheckpointReadError: rank 0 could not resume" in p.stderr

@@ -3,8 +3,8 @@
 
 import numpy as np
 import pytest
-import torch
 
+from minddp.train import checkpoint
 from minddp.train.data import tokens
 from tests import launch
 from tests.conftest import TOK, assert_same_curves, metrics
@@ -22,7 +22,7 @@ def test_nanogpt_folder_trains_with_the_same_losses_on_1_and_2_ranks(tmp_path):
     one = metrics(tmp_path / "one")
     assert_same_curves(metrics(tmp_path / "two"), one)
     assert one[-1]["loss"] < one[0]["loss"] - 0.3  # it learns (ln 50 = 3.9 at the start)
-    state = torch.load(sorted((tmp_path / "one" / "checkpoints").glob("*.pt"))[-1], weights_only=True)
+    state = checkpoint.load(checkpoint.latest(tmp_path / "one"), "cpu")
     assert state["model"]["tok_emb.weight"].shape[0] == 50  # vocab_size from meta.pkl
 
 

@@ -85,8 +85,7 @@ def test_a_wandb_folder_that_cannot_be_written_is_one_warning_and_the_run_goes_o
     assert len(warned) == 1 and str(where) in warned[0] and "training goes on without W&B" in warned[0]
     assert "Traceback" not in p.stderr
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
-    assert sorted(f.name for f in (run / "checkpoints").glob("ckpt_*.pt")) == ["ckpt_00000002.pt",
-                                                                               "ckpt_00000003.pt"]
+    assert sorted(f.name for f in (run / "checkpoints").glob("ckpt_*")) == ["ckpt_00000002", "ckpt_00000003"]
 
 
 def _wandb_view(parts: list[dict]) -> list[dict]:
@@ -118,7 +117,7 @@ def test_after_a_kill_9_the_resume_logs_again_what_wandb_never_wrote(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=30)
-    assert (run / "checkpoints" / "ckpt_00000008.pt").exists()
+    assert (run / "checkpoints" / "ckpt_00000008").exists()
     (killed,) = [read_run(f) for f in run.rglob("offline-run-*/run-*.wandb")]
     p = _train([*args, "train.fault_sleep_s=0", "train.resume=auto"], _env(run))
     assert p.returncode == 0, p.stderr[-3000:]

@@ -5,6 +5,7 @@ agrees with metrics.jsonl, summary.json and report.md."""
 
 
 import json
+import shutil
 import statistics
 import subprocess
 
@@ -76,7 +77,7 @@ def test_a_resumed_run_logs_no_step_twice_and_its_wandb_history_is_the_uninterru
     run_train(ref, *args)
     run_train(run, *args, "train.stop_at_step=5")
     assert json.loads((run / "summary.json").read_text())["steps"] == 5  # written at the stop
-    (run / "checkpoints" / "ckpt_00000005.pt").unlink()  # as if it crashed after step 5
+    shutil.rmtree(run / "checkpoints" / "ckpt_00000005")  # as if it crashed after step 5
     run_train(run, *args, "train.resume=auto")
     first, second = runs_under(run)
     steps = lambda w: [h["_step"] for h in w["history"]]  # noqa: E731

@@ -8,15 +8,7 @@ import torch
 
 from minddp.optim.zero_state import Piece
 from minddp.train.checkpoint import folders, remove_crash_leftovers
-
-
-def _write(final, state):
-    """One process's save, as resume/state.py does it on every rank."""
-    small, tensors = folders.split(state)
-    tmp = folders.begin(final)
-    folders.write_small(tmp, small)
-    folders.write_tensors(tmp, tensors)
-    folders.publish(tmp, final, folders.checksums(tmp, [p.name for p in tmp.iterdir()]))
+from tests.files import write_folder
 
 
 def test_a_saved_state_comes_back_whole_with_its_parts_joined_and_user_data_untouched(tmp_path):
@@ -25,8 +17,8 @@ def test_a_saved_state_comes_back_whole_with_its_parts_joined_and_user_data_unto
              "optimizer": {"state": {0: {"exp_avg": Piece((3, 4), 0, torch.arange(12.0) * 2),
                                          "step": torch.tensor(5.0)}}, "param_groups": [{"lr": 0.1}]},
              "config": {"note": {folders.REF: "model/w"}}, "step": 7}  # looks like a reference
-    _write(tmp_path / "ckpt_00000007", state)
-    got = folders.load(tmp_path / "ckpt_00000007", "cpu")
+    write_folder(tmp_path / "ckpt_00000007", state)
+    got = folders.load_folder(tmp_path / "ckpt_00000007", "cpu")
     assert torch.equal(got["model"]["w"], w) and got["model"]["scalar"].item() == 2.0
     assert torch.equal(got["optimizer"]["state"][0]["exp_avg"], (torch.arange(12.0) * 2).view(3, 4))
     assert got["config"] == {"note": {folders.REF: "model/w"}} and got["step"] == 7
@@ -34,9 +26,9 @@ def test_a_saved_state_comes_back_whole_with_its_parts_joined_and_user_data_unto
 
 def test_parts_that_do_not_tile_the_tensor_are_corrupt(tmp_path):
     state = {"model": {}, "optimizer": {"state": {0: {"exp_avg": Piece((8,), 3, torch.ones(5))}}}}
-    _write(tmp_path / "ckpt_00000001", state)
+    write_folder(tmp_path / "ckpt_00000001", state)
     try:
-        folders.load(tmp_path / "ckpt_00000001", "cpu")
+        folders.load_folder(tmp_path / "ckpt_00000001", "cpu")
         raise AssertionError("a tensor with a hole loaded")
     except folders.CorruptFolder as e:
         assert "do not join up at element 0 of 8" in str(e)
@@ -44,7 +36,7 @@ def test_parts_that_do_not_tile_the_tensor_are_corrupt(tmp_path):
 
 def test_start_up_puts_a_whole_folder_whose_rename_was_cut_in_place_and_removes_the_rest(tmp_path):
     d = tmp_path / "checkpoints"
-    _write(d / "ckpt_00000006", {"model": {"w": torch.ones(3)}, "step": 6})
+    write_folder(d / "ckpt_00000006", {"model": {"w": torch.ones(3)}, "step": 6})
     whole = d / ".ckpt_00000006.tmp-0000abcd"  # integrity.json written, the rename cut by a crash
     (d / "ckpt_00000006").rename(whole)
     shutil.copytree(whole, d / ".ckpt_00000006.old-0000ef01")  # the folder it was replacing
@@ -54,4 +46,4 @@ def test_start_up_puts_a_whole_folder_whose_rename_was_cut_in_place_and_removes_
     removed = remove_crash_leftovers(tmp_path)
     assert sorted(p.name for p in d.iterdir()) == ["ckpt_00000006"]
     assert sorted(p.name for p in removed) == [".ckpt_00000006.old-0000ef01", ".ckpt_00000007.tmp-12345678"]
-    assert folders.load(d / "ckpt_00000006", "cpu")["step"] == 6
+    assert folders.load_folder(d / "ckpt_00000006", "cpu")["step"] == 6

@@ -1,6 +1,7 @@
-"""Which checkpoint a run resumes from (train.resume), chosen by rank 0, read by every rank.
+"""Which checkpoint a run resumes from (train.resume), chosen by rank 0, read by every rank: a
+client of the formats (formats.load reads either).
 
-Progress is never lost: a corrupt checkpoint (files.py: unparsable, a missing key, a failed
+Progress is never lost: a corrupt checkpoint (unparsable, a missing key, a failed
 checksum, a tensor of the wrong shape) is named and skipped for an older one, but an I/O or
 out-of-memory error (transient: the file may be fine) stops the run; a run whose checkpoints
 all fail stops (exit 2) instead of starting over; a fresh start refuses a run directory that
@@ -20,16 +21,9 @@ from omegaconf import OmegaConf
 
 from ..safety.together import together
 from . import integrity
-from .files import (
-    CheckpointError,
-    CheckpointReadError,
-    all_checkpoints,
-    checkpoint_dir,
-    is_checkpoint_folder,
-    listed,
-    load,
-    remove_crash_leftovers,
-)
+from .errors import CheckpointError, CheckpointReadError
+from .formats import load, remove_crash_leftovers
+from .store import all_checkpoints, checkpoint_dir, is_checkpoint_folder, listed
 
 log = logging.getLogger("minddp")
 

@@ -1,6 +1,15 @@
-"""Folder checkpoints through torch.distributed.checkpoint (`train.ckpt_format=dcp`): every rank
-writes what it owns, nothing is gathered onto one rank, and a load gives back the same state
-dict as a single-file checkpoint (so every reader, check and dp size takes either).
+"""The folder format (`train.ckpt_format=dcp`, the default) through torch.distributed.checkpoint:
+every rank writes what it owns, nothing is gathered onto one rank, and a load gives back the
+same state dict as a file (so every reader, check and dp size takes either). Its verbs, as the
+file format's:
+
+    FOLDER.list(run_dir)                              newest first
+    FOLDER.save(run_dir, step, state)                 every rank; committed when it returns
+    FOLDER.save_in_background(run_dir, step, state)   every rank; a BackgroundSave to commit()
+    FOLDER.verify(path)                               size and CRC-32 of every file
+    FOLDER.load(path, device)                         the state dict; CheckpointError when corrupt
+    FOLDER.delete(path)                               rank 0: moved aside, then removed
+    FOLDER.leftovers(run_dir)                         what a crash left of a save
 
     ckpt_<step>/
         state.pt          the small state (step, schedule, RNG, config, optimizer options), each
@@ -12,24 +21,28 @@ dict as a single-file checkpoint (so every reader, check and dp size takes eithe
 
 A ZeRO-1 optimizer saves each rank's own part of every state tensor (`zero_state.Piece`, under
 `<name>@<offset>`); a load joins the parts into the full tensor, which any dp size re-cuts.
-A save writes into `.ckpt_<step>.tmp-<id>/` and rank 0 renames it once every rank's files are
-written and checked: a crash leaves a temporary folder, removed at start-up, or put in place if
-only its rename was missing (`recover`). Every rank reads back files the others wrote: the run
-dir must be one every rank sees (a shared filesystem; node-local disks: ckpt_format=file).
-Loading is `no_dist` (any rank, any process, no collective), weights_only for state.pt.
+A save writes into `.ckpt_<step>.tmp-<id>/`; every rank checksums a share of the files (reading
+back what was written: the save is verified), then rank 0 writes integrity.json and renames the
+folder. A crash leaves a temporary folder, removed at start-up, or put in place if only its
+rename was missing. Every rank reads back files the others wrote: the run dir must be one every
+rank sees (a shared filesystem; node-local disks: ckpt_format=file). Loading is `no_dist` (any
+rank, any process, no collective), weights_only for state.pt.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
+import logging
 import os
 import shutil
 import threading
 import uuid
 import warnings
 import zlib
-from concurrent.futures import Future
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -38,17 +51,231 @@ import torch.distributed.checkpoint as dcp
 
 from ...optim.zero_state import Piece
 from ..io.atomic import atomic_write, fsync_dir
+from ..safety.together import together
+from . import store
+from .errors import (
+    CheckpointError,
+    CheckpointWriteError,
+    first_failure,
+    is_transient,
+    is_write_failure,
+    read_error,
+    unreadable,
+    write_error,
+)
+from .files import checked
 
 REF = "__dcp__"  # the key of a reference to a tensor held by DCP's files
 STATE, INTEGRITY = "state.pt", "integrity.json"
 LARGE = ("model", "optimizer")  # what goes through DCP; the rest of a checkpoint is small
+_KINDS = (CheckpointWriteError,) * 2  # any failure of a save stops every rank as one
+log = logging.getLogger("minddp")
 
 
 class CorruptFolder(Exception):
     """A folder checkpoint whose files do not match its integrity.json, or do not join up."""
 
 
-# ----------------------------------------------------------------------------- save
+class FolderCheckpoints:
+    name, suffix = "dcp", ""
+    verified_by_save = True  # its commit checksums every file as read back
+
+    def path(self, run_dir, step: int) -> Path:
+        return store.checkpoint_dir(run_dir) / store.name_for(step)
+
+    def owns(self, path) -> bool:
+        """A folder not named like a file (`.pt`): a folder checkpoint, whatever its name."""
+        return Path(path).is_dir() and not Path(path).name.endswith(".pt")
+
+    def list(self, run_dir) -> list[Path]:
+        return [p for p in store.all_checkpoints(run_dir) if not p.name.endswith(".pt")]
+
+    # ------------------------------------------------------------------------- save
+    def save(self, run_dir, step: int, state: dict) -> Path:
+        """Every rank, at the same point: each writes its tensors, rank 0 the small state; then
+        the commit. A failure anywhere raises CheckpointWriteError on every rank, the previous
+        checkpoint intact."""
+        saving = self._start(run_dir, step, state)
+        with saving.cleaned_up_on_error():
+            write_tensors(saving.tmp, saving.tensors)
+        return saving.commit()
+
+    def save_in_background(self, run_dir, step: int, state: dict, *, timeout_s: float = 1800.0,
+                           before_write=None) -> BackgroundSave:
+        """Every rank: a host copy of its tensors (agreed: one rank out of host memory stops every
+        rank before any writes), then the write on a thread; commit() after the next step."""
+        saving = self._start(run_dir, step, state)
+        with saving.cleaned_up_on_error():
+            staged, error = None, None
+            try:
+                staged = stage(saving.tensors)
+            except Exception as e:  # noqa: BLE001 - out of host memory on one rank: every rank stops
+                error = e
+            together(error, what=saving.what, kinds=_KINDS)
+            saving.tensors = None  # the originals go on training: only the copy is written
+            saving.writing = write_in_background(saving.tmp, staged, timeout_s, before_write)
+        return saving
+
+    def _start(self, run_dir, step: int, state: dict) -> BackgroundSave:
+        """Rank 0 makes the temporary folder and writes the small state into it."""
+        final = self.path(run_dir, step)
+        small, tensors = split(state)
+        what = f"save step {step}"
+        tmp = _on_rank0(lambda: begin(final), final, what)
+        saving = BackgroundSave(step, final, tmp, what, tensors)
+        with saving.cleaned_up_on_error():
+            _on_rank0(lambda: write_small(tmp, small), final, what)
+        return saving
+
+    # ------------------------------------------------------------------------- load
+    def verify(self, path) -> None:
+        try:
+            verify_files(Path(path))
+        except CorruptFolder as e:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+        except OSError as e:
+            raise read_error(path, e) from e
+
+    def load(self, path, device) -> dict:
+        """The whole state, as a file holds it. CheckpointError for a damaged folder,
+        CheckpointReadError for a failed read (the folder may be fine)."""
+        path = Path(path)
+        try:
+            state = load_folder(path, device)
+        except CorruptFolder as e:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+        except OSError as e:
+            raise read_error(path, e) from e
+        except dcp.CheckpointException as e:  # DCP's own: the reads' failures, per rank
+            cause = first_failure(e)
+            if isinstance(cause, OSError):
+                raise read_error(path, cause) from e
+            raise unreadable(path, cause) from None
+        except Exception as e:  # noqa: BLE001 - state.pt that does not parse, memory: as a file's
+            if is_transient(e):
+                raise
+            raise unreadable(path, e) from None
+        return checked(path, state)
+
+    # ------------------------------------------------------------------------- delete
+    def delete(self, path: Path, pause=None) -> None:
+        store.discard(path, pause)
+
+    def leftovers(self, run_dir) -> list[Path]:
+        """Saves a crash interrupted (`.ckpt_<step>.tmp-<id>/`: put in place when only the rename
+        was missing) and folders a same-step save replaced (`.ckpt_<step>.old-<id>/`)."""
+        d = store.checkpoint_dir(run_dir)
+        if not d.is_dir():
+            return []
+        removed = []
+        for p in sorted(d.glob(".ckpt_*.tmp-*")):
+            if recover(p):
+                log.warning(f"{p} was a whole checkpoint whose rename a crash interrupted: put in place")
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+        for p in sorted(d.glob(".ckpt_*.old-*")):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        return removed
+
+
+FOLDER = FolderCheckpoints()
+
+
+# ----------------------------------------------------------------------------- one save
+class BackgroundSave:
+    """A folder checkpoint on its way: its temporary folder, its tensors until written, and the
+    future of a background write. `commit()` (every rank, at one point) or `end()` (a way out)."""
+
+    def __init__(self, step: int, final: Path, tmp: Path, what: str, tensors: dict):
+        self.step, self.final, self.tmp, self.what = step, final, tmp, what
+        self.tensors = tensors
+        self.writing: concurrent.futures.Future | None = None
+
+    def commit(self) -> Path:
+        """Every rank: the tensors written, the files' checksums (split between the ranks: the
+        save is read back), rank 0's rename. A failure anywhere stops every rank and leaves the
+        previous checkpoint as it was."""
+        with self.cleaned_up_on_error():
+            if self.writing is not None:
+                self.writing.result()
+                self.writing = None
+            names = _on_rank0(lambda: sorted(os.listdir(self.tmp)), self.final, self.what)
+            sums, error = {}, None
+            try:
+                sums = checksums(self.tmp, my_share(names, dist.get_rank(), dist.get_world_size()))
+            except FileNotFoundError as e:
+                error = CheckpointWriteError(
+                    f"rank {dist.get_rank()} cannot see {e.filename}, which another rank wrote: "
+                    "train.ckpt_format=dcp needs a run dir every rank sees (a shared filesystem); "
+                    "with node-local disks use train.ckpt_format=file")
+            except OSError as e:
+                error = write_error(self.final, e)
+            parts = together(error, sums, what=self.what, kinds=_KINDS)
+            merged = {k: v for part in parts for k, v in part.items()}
+            _on_rank0(lambda: publish(self.tmp, self.final, merged), self.final, self.what)
+        return self.final
+
+    def end(self, timeout_s: float) -> str | None:
+        """A way out other than the commit (an error, on any rank, maybe on one alone): no
+        collective on the training's groups. Each rank waits for its own write (DCP's collectives
+        run on the write's own group, between the write threads); then rank 0 commits the folder
+        alone (checksumming every rank's files itself) if its DCP save completed, which means
+        every rank's did, else removes it. Returns rank 0's closing line (None on the others)."""
+        said = f"the checkpoint of step {self.step}, written in the background when the run stopped"
+        rank0 = dist.get_rank() == 0
+        try:
+            if self.writing is not None:
+                self.writing.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            return (f"{said}: still being written after {timeout_s:.0f} s (train.timeout_s), left as "
+                    f"{self.tmp.name}, which the next start removes") if rank0 else None
+        except BaseException as e:  # noqa: BLE001 - its failure is why it is removed, said below
+            return self._removed(said, e) if rank0 else None
+        if not rank0:
+            return None
+        try:
+            publish(self.tmp, self.final, checksums(self.tmp, sorted(os.listdir(self.tmp))))
+        except Exception as e:  # noqa: BLE001 - a folder that cannot be committed is removed
+            return self._removed(said, e)
+        return f"{said}: completed and committed as {self.final}"
+
+    def _removed(self, said: str, e: BaseException) -> str:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(e, dcp.CheckpointException):
+            e = first_failure(e)
+        prev = store.latest(self.final.parent.parent)
+        return f"{said}: removed ({type(e).__name__}: {e}); the newest checkpoint is {prev or 'none'}"
+
+    @contextmanager
+    def cleaned_up_on_error(self):
+        """DCP's failures as a CheckpointWriteError (DCP raises them on every rank); rank 0
+        removes the temporary folder of a save that failed."""
+        try:
+            try:
+                yield
+            except dcp.CheckpointException as e:
+                raise write_error(self.final, first_failure(e)) from None
+        except BaseException:
+            if dist.get_rank() == 0 and self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+
+def _on_rank0(action, final: Path, what: str):
+    """`action()` on rank 0, its result on every rank; its failure raised on every rank (a
+    failed write, torch.save's full disk included, as a CheckpointWriteError)."""
+    result, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = action()
+        except Exception as e:  # noqa: BLE001 - every rank stops with it, below
+            error = write_error(final, e) if is_write_failure(e) else e
+    return together(error, result, what=what, kinds=_KINDS)[0]
+
+
+# ----------------------------------------------------------------------------- writing
 def split(state: dict) -> tuple[dict, dict[str, torch.Tensor]]:
     """(the small state with references, {name: tensor} for DCP) of a checkpoint's state."""
     tensors: dict[str, torch.Tensor] = {}
@@ -87,8 +314,7 @@ def write_small(tmp: Path, small: dict) -> None:
 
 def stage(tensors: dict) -> dict:
     """A host copy of every tensor, for a write in the background: training goes on changing
-    the originals. Every rank, before the write starts (its failure, e.g. out of host memory,
-    is agreed on every rank before any rank starts writing)."""
+    the originals (on a GPU, a device-to-host copy)."""
     return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
 
 
@@ -98,17 +324,19 @@ def write_tensors(tmp: Path, tensors: dict) -> None:
     dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not dist.is_initialized())
 
 
-def write_in_background(tmp: Path, staged: dict, before=None) -> Future:
+def write_in_background(tmp: Path, staged: dict, timeout_s: float = 1800.0,
+                        before=None) -> concurrent.futures.Future:
     """`write_tensors` of a staged copy on a thread of its own and a group of its own (on the
     training's group its collectives would interleave with the step's); a future of its end.
     torch's `dcp.async_save` does the same but stages inside the call, where one rank's
-    failure would leave the others' writes waiting for it."""
-    done: Future = Future()
-    group = _background_group(dist.group.WORLD)
+    failure would leave the others' writes waiting for it. `before()` runs first, on the thread
+    (train.fault_sleep_in=checkpoint_write: a slow disk)."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    group = _background_group(dist.group.WORLD, timeout_s)
 
     def write() -> None:
         try:
-            if before is not None:  # train.fault_sleep_in=checkpoint_write: a slow disk
+            if before is not None:
                 before()
             dcp.save(staged, storage_writer=dcp.FileSystemWriter(tmp), process_group=group)
             done.set_result(None)
@@ -120,10 +348,11 @@ def write_in_background(tmp: Path, staged: dict, before=None) -> Future:
 
 
 @functools.cache
-def _background_group(world):
+def _background_group(world, timeout_s: float):
     """A gloo group for background writes, one per process group `world` (made at the first
-    background write: a collective every rank reaches at the same step)."""
-    return dist.new_group(backend="gloo")
+    background write: a collective every rank reaches at the same step), timing out as the
+    training's collectives do (train.timeout_s)."""
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def my_share(names: list[str], rank: int, world: int) -> list[str]:
@@ -169,16 +398,16 @@ def recover(tmp: Path) -> bool:
     return True
 
 
-# ----------------------------------------------------------------------------- load
+# ----------------------------------------------------------------------------- reading
 def is_folder(path) -> bool:
     """A folder not named like a file (`.pt`): loaded as a folder checkpoint, whatever its name."""
-    return Path(path).is_dir() and not Path(path).name.endswith(".pt")
+    return FOLDER.owns(path)
 
 
-def load(folder: Path, device) -> dict:
+def load_folder(folder: Path, device) -> dict:
     """The whole state of a folder checkpoint, as a single-file checkpoint holds it.
     CorruptFolder for a damaged folder; OSError (transient) for a failed read."""
-    verify(folder)
+    verify_files(folder)
     small = torch.load(folder / STATE, map_location=device, weights_only=True)
     if not isinstance(small, dict):
         raise CorruptFolder(f"{STATE} holds a {type(small).__name__}, not a dict")
@@ -189,7 +418,8 @@ def load(folder: Path, device) -> dict:
     return {k: (_join(v, wholes) if k in LARGE else v) for k, v in small.items()}
 
 
-def verify(folder: Path) -> None:
+def verify_files(folder: Path) -> None:
+    """Every file integrity.json lists, of the size and CRC-32 it gives; CorruptFolder if not."""
     try:
         sums = json.loads((folder / INTEGRITY).read_text())
     except FileNotFoundError:
