@@ -27,11 +27,13 @@ minddp.perf.memory's. From the command line: `minddp costmodel` (minddp/tools/co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
 from ..engine.buckets import TensorSpec, assign_buckets
+from .jobs import ROOT
 from .memory import memory_per_rank  # noqa: F401  (the memory model: one, in perf/memory.py)
 
 
@@ -184,6 +186,14 @@ class Calibration:
                    c.get("contention", {}).get("factor", 1.0), floor, ops, under, share)
 
 
+DEFAULT_CALIBRATION = ROOT / "docs" / "calibration.json"  # `make calibrate` writes it
+
+
+def load_calibration(path=DEFAULT_CALIBRATION, preset: str = "this-machine-gloo") -> Calibration:
+    """`make calibrate`'s file where there is one, else the preset."""
+    return Calibration.load(path) if path and Path(path).exists() else Calibration(PRESETS[preset])
+
+
 # the collective one bucket costs, per engine variant: DDP all-reduces; ZeRO-1 reduce-scatters
 # in backward (its all-gather runs after the step, under the next forward)
 BUCKET_OPS = {"all_reduce": ring_all_reduce_time, "reduce_scatter": reduce_scatter_time}
@@ -223,6 +233,21 @@ def predict_ddp_comm(bucket_bytes: list[float], world: int, cal: Calibration, ba
     stolen = min(shared, backward_s) * (1 - 1 / cal.contention) if cal.contention > 1 else 0.0
     return {"busy_s": busy, "exposed_s": exposed, "stolen_s": stolen, "cost_s": exposed + stolen,
             "buckets": len(bucket_bytes)}
+
+
+def predicted_comm(buckets, world: int, cal: Calibration, step_s: float, exposed_s: float, accum: int,
+                   variant: str = "ddp") -> dict:
+    """The model's busy and exposed time for a run's buckets (bytes, launch order). Backward: the
+    synchronised micro-step's, from the step's compute (the step minus its exposed wait) split
+    over the micro-steps, its share measured by `make calibrate` (2/3 without one). ZeRO-1
+    reduce-scatters each bucket in backward (its all-gather is not in the engine's busy time);
+    the optimizer overlap moves the same bytes as DDP. `alone_s`: the collectives as if nothing
+    ran beside them (no contention, floor or slowdown)."""
+    backward = (step_s - exposed_s) / accum * cal.backward_share
+    op = "reduce_scatter" if variant == "zero1" else "all_reduce"
+    full = predict_ddp_comm(list(buckets), world, cal, backward, op=op)
+    alone = replace(cal, contention=1.0, floor_per_bucket_s=0.0, under_backward=())
+    return {**full, "alone_s": predict_ddp_comm(list(buckets), world, alone, backward, op=op)["busy_s"]}
 
 
 def simulate_buckets(bucket_bytes: list[float], alone_s: list[float], backward_s: float,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .costmodel import Calibration
+from .costmodel import Calibration, load_calibration, predicted_comm
 
 IGNORED = ("wandb.", "hydra.", "data.cache_dir", "train.resume", "train.stop_at_step")
 
@@ -164,7 +164,6 @@ def series(runs: list[dict], swept: list[str], x: str = "world_size") -> dict[st
 
 def predicted_busy(r: dict, cal: Calibration) -> float | None:
     """The cost model's busy time for this run's buckets (equal shares of its measured bytes)."""
-    from .study import predicted_comm  # here: the study reads its runs with this module
     if r["step_s"] is None:
         return None
     count, nbytes = r["last"].get("comm/collectives") or 0, r["last"].get("comm/bytes") or 0
@@ -177,9 +176,7 @@ def predicted_busy(r: dict, cal: Calibration) -> float | None:
 def lines(runs: list[dict], swept: list[str]) -> dict[str, tuple[list, list, list[str]]]:
     """Plot name -> (xs per line, ys per line, line names): what the W&B report run's charts draw,
     against the world size, a line per value of the other swept keys."""
-    from .study import calibration  # here: the study reads its runs with this module
-
-    cal, out = calibration(), {}
+    cal, out = load_calibration(), {}
 
     def add(plot, name, rs, value):
         pts = [(r["keys"]["world_size"], value(r)) for r in rs]

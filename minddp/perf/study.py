@@ -13,12 +13,12 @@ import json
 import os
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from ..engine.buckets import TensorSpec
 from .calibration import UNDER_CAPS
-from .costmodel import PRESETS, Calibration, predict_ddp_comm
+from .costmodel import Calibration, predicted_comm
+from .costmodel import load_calibration as calibration  # noqa: F401  (the study's name for it)
 from .jobs import ROOT, launch, run_job
 from .runs import BadRun, read_run
 from .workload import GPT_PRESETS, STUDY, STUDY_BATCH, overrides
@@ -57,11 +57,6 @@ def run(run_dir: Path, world: int, cap: float, steps: int, group: str, extra: li
     if p.returncode:
         raise SystemExit(f"minddp.tools.scaling: {run_dir.name} failed (exit {p.returncode}):\n"
                          f"{p.stderr[-4000:]}")
-
-
-def calibration(path=ROOT / "docs" / "calibration.json", preset: str = "this-machine-gloo") -> Calibration:
-    """`make calibrate`'s file where there is one, else the preset."""
-    return Calibration.load(path) if path and Path(path).exists() else Calibration(PRESETS[preset])
 
 
 def plan(variants: list[str], worlds: list[int], caps: list[float], repeats: int) -> list[list[tuple]]:
@@ -139,21 +134,6 @@ def combine(runs: list[dict]) -> dict:
 def accumulation(world: int, mode: str = "strong") -> int:
     """Micro-steps per step in the study (global batch 8, micro-batch 2; weak: 8 per rank)."""
     return max(1, STUDY_BATCH[0] // (STUDY_BATCH[1] * (1 if mode == "weak" else world)))
-
-
-def predicted_comm(buckets, world: int, cal: Calibration, step_s: float, exposed_s: float, accum: int,
-                   variant: str = "ddp") -> dict:
-    """The model's busy and exposed time for a run's buckets (bytes, launch order). Backward: the
-    synchronised micro-step's, from the step's compute (the step minus its exposed wait) split
-    over the micro-steps, its share measured by `make calibrate` (2/3 without one). ZeRO-1
-    reduce-scatters each bucket in backward (its all-gather is not in the engine's busy time);
-    the optimizer overlap moves the same bytes as DDP. `alone_s`: the collectives as if nothing
-    ran beside them (no contention, floor or slowdown)."""
-    backward = (step_s - exposed_s) / accum * cal.backward_share
-    op = "reduce_scatter" if variant == "zero1" else "all_reduce"
-    full = predict_ddp_comm(list(buckets), world, cal, backward, op=op)
-    alone = replace(cal, contention=1.0, floor_per_bucket_s=0.0, under_backward=())
-    return {**full, "alone_s": predict_ddp_comm(list(buckets), world, alone, backward, op=op)["busy_s"]}
 
 
 def study_buckets(cap: float, count: int, nbytes: float, specs: list[TensorSpec]) -> list[float]:
