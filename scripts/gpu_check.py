@@ -120,6 +120,26 @@ def sigterm_verdict(rc, ckpt_steps: list[int], loaded_step, last_logged, signall
     return not problems, "; ".join(problems) or detail
 
 
+def async_stall_verdict(measured: dict | None):
+    """train.ckpt_async=auto writes in the background on CUDA: there a background save must cost
+    the run less than a save in the step. From scripts/bench_checkpoint.py's rounds (each a
+    normal step, the checkpoint step and the next, per variant): the checkpoint step's stall and
+    the extra time over both steps (checkpoint + next - 2 normal, in normal steps), medians."""
+    if not measured or not all(measured.get(v, {}).get("normal") for v in ("folder", "folder-async")):
+        return False, "no measurement"
+
+    def med(o, f):
+        values = sorted(f(c, a, n) for c, a, n in zip(o["ckpt"], o["after"], o["normal"]))
+        return values[len(values) // 2]
+
+    stall = {v: med(measured[v], lambda c, a, n: c / n) for v in ("folder", "folder-async")}
+    extra = {v: med(measured[v], lambda c, a, n: (c + a) / n - 2) for v in ("folder", "folder-async")}
+    ok = stall["folder-async"] < stall["folder"] and extra["folder-async"] <= extra["folder"]
+    return ok, (f"checkpoint step x{stall['folder-async']:.2f} in the background vs x{stall['folder']:.2f} "
+                f"in the step; extra over it and the next step {extra['folder-async']:.2f} vs "
+                f"{extra['folder']:.2f} normal steps (background must stall less and cost no more)")
+
+
 def bench_verdict(world: int, rows: list[dict], floor: float = BUSBW_FLOOR_GBS):
     if world < 2:
         return None, "one rank: bus bandwidth is 0 by definition; needs 2 GPUs"
@@ -326,6 +346,23 @@ def check_folder_checkpoints(gpus: int, out: Path, model: list[str] = SMALL) -> 
                    f"folders {folders}; steps after the resume {steps[-3:]}; {t}; {t2}")
 
 
+ASYNC_STALL = "checkpoint stall: background (ckpt_async=auto on CUDA) vs in the step"
+
+
+def check_async_stall(gpus: int, out: Path, model: tuple[int, int] = (12, 768), rounds: int = 3) -> bool:
+    """What a background save stalls the step on this GPU, against one written in the step:
+    scripts/bench_checkpoint.py's folder and folder-async, ZeRO-1, a GPT-2-small shape."""
+    measured = out / "ckpt_bench.json"
+    cmd = torchrun(gpus, str(ROOT / "scripts" / "bench_checkpoint.py"), "--variants", "folder,folder-async",
+                   "--rounds", str(rounds), "--n-layer", str(model[0]), "--n-embd", str(model[1]),
+                   "--json", str(measured), "--dir", str(out / "ckpt_bench"),
+                   "--out", str(out / "ckpt_bench.md"))
+    ok, t = run("async_stall", cmd, out, 240)
+    numbers = json.loads(measured.read_text()) if ok and measured.exists() else None
+    passed, detail = async_stall_verdict(numbers)
+    return verdict(ASYNC_STALL, passed, f"{detail}; {t}")
+
+
 def check_sigterm(gpus: int, out: Path) -> bool:
     """SIGTERM to every worker after step 5 (as Slurm sends it to each task): the step finishes, a
     checkpoint at that step is written and loads, the run exits 0."""
@@ -347,12 +384,12 @@ def check_sigterm(gpus: int, out: Path) -> bool:
         except subprocess.TimeoutExpired:
             p.kill()
             rc = "killed after waiting"
-    ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+    from minddp.train import checkpoint
+
+    ckpts = checkpoint.all_checkpoints(run_dir)[::-1]  # oldest first; files or folders
     steps = [int(re.search(r"(\d+)", f.name).group(1)) for f in ckpts]
     loaded = None
     if ckpts:
-        from minddp.train import checkpoint
-
         try:
             loaded = checkpoint.load(ckpts[-1], "cpu")["step"]
         except Exception as e:  # noqa: BLE001 - a FAIL naming it
@@ -459,6 +496,7 @@ def main() -> None:
         f"torch >= {_compat.TORCH_FLOOR}), logs in {out}/, budget {BUDGET_S} s")
     items = [lambda: check_worker("nccl", gpus, out), lambda: check_worker("gloo-cuda", 2, out),
              lambda: check_trainer(gpus, out), lambda: check_folder_checkpoints(gpus, out),
+             lambda: check_async_stall(gpus, out),
              lambda: check_sigterm(gpus, out), lambda: check_tp(gpus, out),
              lambda: check_bench(gpus, out), lambda: check_demos(gpus, out)]
     good = True

@@ -20,9 +20,17 @@
    step): kill -9 while a save's temporary folder is being written, at steps 4, 7 and 10, each
    restart removing it; then the newest folder damaged (a flipped bit in a rank's file, no
    integrity.json): named, the previous one used; every end bitwise equal to the uninterrupted run.
+8. retention (folders, train.ckpt_keep=2, train.ckpt_keep_every=5): kill -9 while rank 0 deletes an
+   old checkpoint (moved out of the listing, not yet removed), at steps 4 and 9: the newest
+   checkpoint is the one just saved and whole, nothing half-deleted is listed; the resume removes
+   what the kill left, keeps exactly 12, 11, 10 and 5, and ends bitwise equal to the uninterrupted run.
+
+Phases 1-6 are about checkpoint files: they run with train.ckpt_format=file train.ckpt_keep=0
+(0.5's defaults); 7 and 8 with folders, today's default.
 
 Needs root for `mount -t tmpfs` (phase 1 is skipped, saying so, where mount is not permitted).
-Usage: python scripts/soak_faults.py [--phases disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp]
+Usage: python scripts/soak_faults.py
+         [--phases disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp,retention]
 """
 
 from __future__ import annotations
@@ -51,7 +59,8 @@ from tests.launch import env_for, free_port, run_train, wait_for_step  # noqa: E
 # ~1.8M parameters: a checkpoint of ~22 MB, whose write takes long enough to be killed in
 ARGS = ["data=synthetic", "model.n_layer=4", "model.n_embd=192", "model.n_head=4", "model.block_size=32",
         "train.global_batch_size=16", "train.micro_batch_size=4", "train.eval_every=0",
-        "optim.warmup_steps=2", "wandb.mode=disabled", "train.max_steps=12", "train.ckpt_every=1"]
+        "optim.warmup_steps=2", "wandb.mode=disabled", "train.max_steps=12", "train.ckpt_every=1",
+        "train.ckpt_format=file", "train.ckpt_keep=0"]
 STEPS = 12
 EVERY_4 = ["train.ckpt_every=4"]  # the disk-full run: checkpoints 4, 8, 12 (the end does not depend on it)
 
@@ -304,9 +313,54 @@ def folders(work: Path, ref: dict) -> None:
         say(f"newest folder damaged ({what}): named, resumed from {previous.name}, final parameters equal")
 
 
+# ------------------------------------------------------- 8. retention
+KEEP = ["train.ckpt_format=dcp", "train.ckpt_keep=2", "train.ckpt_keep_every=5"]
+
+
+def kill_during_a_deletion(run_dir: Path, job: subprocess.Popen, victim: int,
+                           timeout: float = 240) -> str | None:
+    """Kill the whole job the moment checkpoint `victim` is on its way out (`.ckpt_<step>.trash-<id>`)."""
+    d, deadline = run_dir / "checkpoints", time.monotonic() + timeout
+    while time.monotonic() < deadline and job.poll() is None:
+        trash = [e.name for e in os.scandir(d) if e.name.startswith(f".ckpt_{victim:08d}.trash-")] \
+            if d.is_dir() else []
+        if trash:
+            kill_job(job)
+            return trash[0]
+        time.sleep(0.005)
+    if job.poll() is None:
+        kill_job(job)
+    return None
+
+
+def retention(work: Path, ref: dict) -> None:
+    run = work / "retention"
+    # rank 0 sleeps between moving a checkpoint aside and removing it: after saving 4 it deletes 2,
+    # after 9 it deletes 7 (keep 2; 5 and 10 are milestones)
+    for k, (step, victim) in enumerate(((4, 2), (9, 7))):
+        log = work / f"retention-{k}.log"
+        pause = [f"train.fault_sleep_step={step}", "train.fault_sleep_in=checkpoint_delete",
+                 "train.fault_sleep_s=60"]
+        job = start_job(run, log, *KEEP, *pause, *(["train.resume=auto"] if k else []))
+        trash = kill_during_a_deletion(run, job, victim)
+        assert trash, f"no deletion was seen: {log.read_text()[-2000:]}"
+        names = [p.name for p in checkpoint.all_checkpoints(run)]
+        assert names[0] == f"ckpt_{step:08d}" and f"ckpt_{victim:08d}" not in names, names
+        assert checkpoint.load(checkpoint.latest(run), "cpu")["step"] == step
+        say(f"kill -9 #{k + 1} while deleting ({trash}): listed {names}, the newest whole")
+    p = run_train(run, *ARGS, *KEEP, "train.resume=auto", nproc=2, timeout=300)
+    assert "whose deletion was interrupted" in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
+    names = [p.name for p in checkpoint.all_checkpoints(run)]
+    assert names == ["ckpt_00000012", "ckpt_00000011", "ckpt_00000010", "ckpt_00000005"], names
+    assert not list((run / "checkpoints").glob(".*")), "leftovers"
+    assert_same_params(run, ref)
+    say(f"retention: 2 kills during deletions, resumed; kept exactly {names}; final parameters equal "
+        "(bitwise)")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", default="disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp")
+    ap.add_argument("--phases", default="disk_full,kill9,unreadable,corrupt,dangling,sigint,dcp,retention")
     args = ap.parse_args(argv)
     phases = args.phases.split(",")
     t0 = time.monotonic()
@@ -323,7 +377,7 @@ def main(argv=None) -> None:
             if "unreadable" in phases:
                 unreadable(run)
         for name, phase in (("corrupt", corrupt_newest), ("dangling", dangling), ("sigint", sigint),
-                            ("dcp", folders)):
+                            ("dcp", folders), ("retention", retention)):
             if name in phases:
                 phase(work, ref)
     say(f"all passed in {time.monotonic() - t0:.0f} s")

@@ -88,6 +88,22 @@ def test_sigterm_verdict_needs_exit_zero_and_a_loadable_checkpoint_at_the_stop()
     assert "killed" in gc.sigterm_verdict("killed after waiting", [], None, None, 5)[1]
 
 
+def _rounds(ckpt, after, normal=1.0, n=3):
+    return {"ckpt": [ckpt] * n, "after": [after] * n, "normal": [normal] * n}
+
+
+def test_async_stall_verdict_needs_the_background_save_to_stall_less_and_cost_no_more():
+    paying = {"folder": _rounds(3.0, 1.0), "folder-async": _rounds(1.2, 1.1)}  # a GPU: staging only
+    ok, detail = gc.async_stall_verdict(paying)
+    assert ok is True and "x1.20 in the background vs x3.00 in the step" in detail, detail
+    moved = {"folder": _rounds(3.0, 1.0), "folder-async": _rounds(1.2, 3.5)}  # the write competes (a CPU)
+    assert gc.async_stall_verdict(moved)[0] is False
+    staging_slow = {"folder": _rounds(1.5, 1.0), "folder-async": _rounds(1.6, 1.0)}
+    assert gc.async_stall_verdict(staging_slow)[0] is False
+    assert gc.async_stall_verdict(None) == (False, "no measurement")
+    assert gc.async_stall_verdict({"folder": _rounds(3.0, 1.0)})[0] is False
+
+
 def test_bench_verdict_skips_one_rank_and_fails_low_bandwidth_or_wrong_results():
     rows = [{"op": "all_reduce", "busbw": "120.5", "wrong": "0"},
             {"op": "all_gather", "busbw": "1", "wrong": "0"}]
@@ -186,6 +202,17 @@ def test_the_folder_checkpoint_item_runs_end_to_end_on_the_cpu(tmp_path, monkeyp
     assert gc.check_folder_checkpoints(1, tmp_path, tiny), gc.RESULTS
     word, detail = gc.RESULTS["folder checkpoints (dcp, background, ZeRO-1)"].values()
     assert word == "PASS" and "[6, 7, 8]" in detail, detail
+
+
+@pytest.mark.slow
+def test_the_async_stall_item_measures_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """The item's machinery without a GPU (a small model, one round, one rank): the bench runs,
+    its numbers reach the verdict. On a CPU the verdict itself may go either way."""
+    monkeypatch.setattr(gc, "RESULTS", {})
+    gc.check_async_stall(1, tmp_path, model=(2, 64), rounds=1)
+    word, detail = gc.RESULTS[gc.ASYNC_STALL].values()
+    assert word in ("PASS", "FAIL") and "in the background vs x" in detail, detail
+    assert (tmp_path / "ckpt_bench.md").exists()
 
 
 class _Torch:  # what why_no_cuda reads of torch: a CPU-only build
