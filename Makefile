@@ -94,7 +94,7 @@ bench-trainer: install  ## the trainer's step vs bare torch-DDP loops: docs/benc
 
 # a checkpoint step over a normal one and each rank's memory while it saves: minddp's save beside
 # torch.distributed.checkpoint (save, async_save), rotated in one run; 50M GPT, dp 2, ZeRO-1
-bench-checkpoint: install  ## what a checkpoint costs the step and rank 0's memory: docs/bench_checkpoint.md
+bench-checkpoint: install  ## what a checkpoint costs the step, rank 0's memory, whole runs: docs/bench_checkpoint*.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 scripts/bench_checkpoint.py --out docs/bench_checkpoint.md
 	$(BIN)/python scripts/bench_checkpoint_runs.py --out docs/bench_checkpoint_runs.md
 
