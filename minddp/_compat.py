@@ -120,13 +120,6 @@ class _DynamoDDPHandle:
         self.bucket_bytes_cap = bucket_bytes_cap
 
 
-def dynamo_bucket_cap(bucket_cap_mb: float | None, bucket_cap_mb_list=None) -> int:
-    """torch DDP's `bucket_bytes_cap`, the cap dynamo splits a compiled graph at: 25 MiB by default,
-    the largest of `bucket_cap_mb_list` when one is given."""
-    cap_mb = max(bucket_cap_mb_list) if bucket_cap_mb_list else bucket_cap_mb
-    return int((25.0 if cap_mb is None else cap_mb) * 1024 * 1024)
-
-
 @contextmanager
 @torch._disable_dynamo(recursive=False)
 def dynamo_sees_ddp(wrapper):
@@ -137,7 +130,7 @@ def dynamo_sees_ddp(wrapper):
     restore the outer one's handshake. Disabled for dynamo: under `torch.compile(minddp.DDP(m))` the
     module call inside is compiled as its own frame, with the handshake set. Below dynamo's fixed
     1 MiB first bucket torch DDP's compiled forward raises; minddp keeps the graph whole and says so."""
-    cap = dynamo_bucket_cap(wrapper.bucket_cap_mb, wrapper.bucket_cap_mb_list)
+    cap = wrapper.bucket_bytes_cap  # torch's attribute: 25 MiB, the cap given, or the list's largest
     ddp = torch.nn.parallel.DistributedDataParallel
     old = ddp._active_ddp_module
     if cap >= _DYNAMO_FIRST_BUCKET_BYTES:
@@ -179,6 +172,13 @@ def output_tensors(output) -> list[torch.Tensor]:
         elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):  # torch DDP walks them too
             found += output_tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)])
     return found
+
+
+def map_tensors(fn, tree):
+    """`tree` (nested tuples, lists, dicts) with fn applied to each tensor in it (torch's pytree)."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, fn, tree)
 
 
 def dynamo_one_graph():

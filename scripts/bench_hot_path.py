@@ -30,7 +30,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minddp  # noqa: E402
-import minddp.engine.comm_hooks as comm_hooks  # noqa: E402
+import minddp.engine.communicator as communicator  # noqa: E402
 from minddp.tools.workload import GPT_PRESETS, build  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def main() -> None:
         m.zero_grad(set_to_none=True)
         return seconds
 
-    comm_hooks.dist = _StubbedDist()
+    communicator.dist = _StubbedDist()
     unfused = minddp.DDP(copy.deepcopy(base), bucket_cap_mb=1e-6)
     unfused.reduction.prescale = None
     models = {"plain": copy.deepcopy(base), "fused": minddp.DDP(copy.deepcopy(base), bucket_cap_mb=1e-6),

@@ -1,7 +1,10 @@
-"""Bucket assignment and flat gradient buffers.
+"""Bucket assignment and flat gradient buffers: where every gradient lives.
 
-Pure logic, no process groups: which parameters share a bucket, and the flat
-buffer each bucket owns. The engine (ddp.py) launches one collective per bucket.
+Pure logic, no process groups: which parameters share a bucket (`assign_buckets`), and the
+`Layout` that gives each bucket its flat buffer and each parameter its gradient's view into it.
+A layout and its buckets are immutable descriptions: what changes during an iteration (pending
+counts, futures, unused parameters) is the iteration's (minddp.engine.iteration); a rebuild makes
+a new layout. The reducer (minddp.engine.reducer) launches one collective per bucket.
 
 Rules (torch DDP's reducer, `compute_bucket_assignment_by_size`, so a cap copied
 from a torch DDP config gives the same buckets):
@@ -21,13 +24,11 @@ from a torch DDP config gives the same buckets):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-MiB = 1024 * 1024
-FIRST_BUCKET_CAP_MB = 1.0  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
-DEFAULT_BUCKET_CAP_MB = 25.0
+from .options import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_CAP_MB, MiB  # noqa: F401  (MiB: importers')
 
 
 @dataclass(frozen=True)
@@ -102,19 +103,20 @@ def assign_buckets(
     return done
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Bucket:
-    """One flat buffer and the parameters whose gradients are views into it."""
+    """One flat buffer and the parameters whose gradients are views into it.
+
+    `buffer` is what autograd accumulates into and what travels; `grads` is where each `.grad`
+    ends after the reduction: the same tensor, except under mixed precision (minddp.engine.
+    mixed_precision), where the buffer holds the forward's dtype and `grads` the parameters' own."""
 
     index: int
-    param_ids: list[int]  # indices into the engine's parameter list
-    offsets: list[int]  # start of each parameter's slice in `buffer`
-    numels: list[int]
+    param_ids: tuple[int, ...]  # indices into the engine's parameter list
+    offsets: tuple[int, ...]  # start of each parameter's slice in `buffer`
+    numels: tuple[int, ...]
     buffer: torch.Tensor
-    # filled per iteration by the engine
-    pending: int = 0
-    future: object = None
-    unused: list[tuple[int, bool]] = field(default_factory=list)  # (param, grad was None)
+    grads: torch.Tensor
     sparse: bool = False  # one parameter with a sparse gradient: reduced as it is, no flat buffer
 
     @property
@@ -125,11 +127,16 @@ class Bucket:
         """The slice of the buffer that is parameter k's gradient."""
         return self.buffer[self.offsets[k] : self.offsets[k] + self.numels[k]].view(shape)
 
+    def grad_view(self, k: int, shape: torch.Size) -> torch.Tensor:
+        """The slice of `grads` that is parameter k's `.grad` after the reduction."""
+        return self.grads[self.offsets[k] : self.offsets[k] + self.numels[k]].view(shape)
 
-def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int) -> Bucket:
+
+def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int, dtype) -> Bucket:
     """One zeroed flat buffer for parameters `ids`, `extra` elements after them (the last
     bucket's usage flags, minddp.engine.usage), its length padded to a multiple of `pad_to` (the
-    world size, when buckets are reduce-scattered into equal shards)."""
+    world size, when buckets are reduce-scattered into equal shards), in `dtype` (None: the
+    parameters' own; then `grads` is the buffer itself)."""
     offsets, numels, pos = [], [], 0
     for i in ids:
         offsets.append(pos)
@@ -137,58 +144,79 @@ def _make_bucket(params, b: int, ids: list[int], extra: int, pad_to: int) -> Buc
         pos += params[i].numel()
     first = params[ids[0]]
     length = -(-(pos + extra) // pad_to) * pad_to
-    return Bucket(b, list(ids), offsets, numels, torch.zeros(length, dtype=first.dtype, device=first.device))
+    grads = torch.zeros(length, dtype=first.dtype, device=first.device)
+    buffer = grads if dtype in (None, first.dtype) else torch.zeros(length, dtype=dtype, device=first.device)
+    return Bucket(b, tuple(ids), tuple(offsets), tuple(numels), buffer, grads)
 
 
+@dataclass(frozen=True, eq=False)
 class Layout:
     """Where every gradient lives: the engine's buckets, as a public map (ZeRO-1 reads it).
 
     `buckets[b].buffer` is bucket b's flat gradient buffer; parameter i's gradient is
-    `views[i]`, element `offset_of(i)` onwards of bucket `bucket_of(i)`. Under sharding
-    (`shards` > 1) every buffer is padded to a multiple of `shards` and `shard_range(b)` is
-    this rank's [lo, hi) of bucket b. `version` grows by one at each rebuild;
-    `flat_params` is set by a reduction that keeps the parameters in flat buffers laid out
-    like the buckets (ZeRO-1), else None.
-
-    Building a layout moves each existing gradient into its new view, bucket by bucket: a
-    previous layout's buffer is freed once its last gradient has moved (when nothing else
-    holds it), so a rebuild never holds two full copies of the gradients.
+    `views[i]`, element `offset_of(i)` onwards of bucket `bucket_of(i)`; its `.grad` after the
+    reduction is `grad_views[i]` (the same view, but under mixed precision). Under sharding
+    (`shards` > 1) every buffer is padded to a multiple of `shards` and `shard_range(b)` is this
+    rank's [lo, hi) of bucket b. `version` grows by one at each rebuild; `flat_params`, under
+    ZeRO-1, the flat buffers the parameters live in, laid out like the buckets (else None).
+    `Layout.build` makes one; nothing changes it afterwards.
     """
 
-    def __init__(self, params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0,
-                 shards: int = 1, shard_index: int = 0, version: int = 1, sparse: list[bool] | None = None):
-        self.shards, self.shard_index, self.version = shards, shard_index, version
-        self.flat_params: list[torch.Tensor] | None = None
-        self.buckets: list[Bucket] = []
-        self.views: list[torch.Tensor | None] = [None] * len(params)  # None: a sparse gradient
-        self._where: list[tuple[int, int] | None] = [None] * len(params)
+    buckets: tuple[Bucket, ...]
+    views: tuple[torch.Tensor | None, ...]  # None: a sparse gradient
+    grad_views: tuple[torch.Tensor | None, ...]
+    where: tuple[tuple[int, int] | None, ...]  # parameter i -> (bucket, position in it)
+    flags_bucket: int | None  # the usage flags ride after this bucket's gradients
+    shards: int = 1
+    shard_index: int = 0
+    version: int = 1
+    flat_params: tuple[torch.Tensor, ...] | None = None
+
+    @classmethod
+    def build(cls, params: list[torch.Tensor], assignment: list[list[int]], tail_numel: int = 0,
+              shards: int = 1, shard_index: int = 0, version: int = 1, sparse: list[bool] | None = None,
+              flat_params: bool = False, dtype: torch.dtype | None = None) -> "Layout":
+        """Buffers for `assignment` (buckets of parameter indices), `tail_numel` usage flags after
+        the last dense bucket, in `dtype` (mixed precision's; None: the parameters' own), and with
+        `flat_params` the parameters moved into flat buffers laid out like the buckets (ZeRO-1).
+
+        Each existing gradient moves into its new view, bucket by bucket: a previous layout's
+        buffer is freed once its last gradient has moved (when nothing else holds it), so a
+        rebuild never holds two full copies of the gradients."""
         sparse = sparse or [False] * len(params)
+        views: list[torch.Tensor | None] = [None] * len(params)
+        grad_views: list[torch.Tensor | None] = [None] * len(params)
+        where: list[tuple[int, int] | None] = [None] * len(params)
         dense = [b for b, ids in enumerate(assignment) if not sparse[ids[0]]]
-        self.flags_bucket = dense[-1] if dense else None  # the usage flags ride after its gradients
+        flags_bucket = dense[-1] if dense else None
+        buckets = []
         for b, ids in enumerate(assignment):
             if sparse[ids[0]]:
-                self._where[ids[0]] = (b, 0)
-                self.buckets.append(Bucket(b, list(ids), [0], [params[ids[0]].numel()],
-                                           torch.zeros(0, dtype=params[ids[0]].dtype), sparse=True))
+                where[ids[0]] = (b, 0)
+                empty = torch.zeros(0, dtype=params[ids[0]].dtype)
+                numel = (params[ids[0]].numel(),)
+                buckets.append(Bucket(b, tuple(ids), (0,), numel, empty, empty, sparse=True))
                 continue
-            extra = tail_numel if b == self.flags_bucket else 0
-            bucket = _make_bucket(params, b, ids, extra, shards)
+            bucket = _make_bucket(params, b, ids, tail_numel if b == flags_bucket else 0, shards, dtype)
             for k, i in enumerate(ids):
                 p = params[i]
-                view = bucket.view(k, p.shape)
-                self.views[i], self._where[i] = view, (b, k)
+                views[i], where[i] = bucket.view(k, p.shape), (b, k)
+                grad_views[i] = views[i] if bucket.grads is bucket.buffer else bucket.grad_view(k, p.shape)
                 if p.grad is not None:  # move the gradient in (its old buffer may go now)
-                    view.copy_(p.grad)
-                    p.grad = view
-            self.buckets.append(bucket)
+                    grad_views[i].copy_(p.grad)
+                    p.grad = grad_views[i]
+            buckets.append(bucket)
+        flats = tuple(flatten_params(params, buckets)) if flat_params else None
+        return cls(tuple(buckets), tuple(views), tuple(grad_views), tuple(where), flags_bucket,
+                   shards, shard_index, version, flats)
 
     def bucket_of(self, i: int) -> int:
         """The bucket holding parameter i's gradient."""
-        return self._where[i][0]
+        return self.where[i][0]
 
     def offset_of(self, i: int) -> int:
         """Where parameter i's gradient starts in its bucket's buffer."""
-        b, k = self._where[i]
+        b, k = self.where[i]
         return self.buckets[b].offsets[k]
 
     def flags(self, n: int) -> torch.Tensor | None:
@@ -201,16 +229,32 @@ class Layout:
         return self.shard_index * per, (self.shard_index + 1) * per
 
     def gradients(self) -> list[torch.Tensor]:
-        """Each bucket's gradients (its buffer without padding and flags): the whole averaged
-        gradient, when unsharded."""
+        """Each bucket's gradients as `.grad` holds them (without padding and flags): the whole
+        averaged gradient, when unsharded."""
         if self.shards > 1:
             raise RuntimeError("with shard_optimizer each rank holds only its shard of the gradients: "
                                "use ShardedOptimizer.grad_norm() / clip_grad_norm_()")
         if any(b.sparse for b in self.buckets):
             raise RuntimeError("minddp: grad_norm()/clip_grad_norm_() read the flat buckets, and a sparse "
                                "gradient has none: use torch.nn.utils.clip_grad_norm_(model.parameters())")
-        return [b.buffer[: sum(b.numels)] for b in self.buckets]
+        return [b.grads[: sum(b.numels)] for b in self.buckets]
 
     def order(self) -> list[int]:
         """Parameter indices in bucket order."""
         return [i for b in self.buckets for i in b.param_ids]
+
+
+@torch.no_grad()
+def flatten_params(params: list[torch.Tensor], buckets) -> list[torch.Tensor]:
+    """Parameters become views of flat buffers laid out like the gradient buckets, one bucket
+    at a time: a parameter's old storage goes as soon as nothing else holds it."""
+    flats = []
+    for bucket in buckets:
+        flat = torch.zeros_like(bucket.buffer)
+        for k, i in enumerate(bucket.param_ids):
+            p = params[i]
+            view = flat[bucket.offsets[k] : bucket.offsets[k] + bucket.numels[k]].view(p.shape)
+            view.copy_(p)
+            p.data = view
+        flats.append(flat)
+    return flats

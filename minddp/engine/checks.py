@@ -1,27 +1,24 @@
 """What DistributedDataParallel checks before it builds anything, each error naming the fix:
 its arguments (torch DDP's, in torch's meaning and with torch 2.13's warnings, and minddp's
-own), that every rank holds the same model (or the broadcasts that follow would hang), that a
-module has one live wrapper (a new wrapper takes the module over from the old one). Also the
-usage error of a reduce-scatter engine, which sees only its own ranks' flags."""
+own), that every rank holds the same model (or the broadcasts that follow would hang). Also the
+usage errors the flags raise (minddp.engine.usage). Who owns a module's hooks is
+minddp.engine.hooks'."""
 
 from __future__ import annotations
 
 import inspect
 import warnings
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .comm_hooks import ALGORITHMS, GradBucket
-
-# module -> weakref to the live minddp wrapper that owns its hooks (a second wrapper is an error)
-OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+from .comm_hooks import GradBucket
+from .communicator import ALGORITHMS
 
 
-def check_used_here(names: list[str], ready: list[bool]) -> None:
-    here = [names[i] for i, r in enumerate(ready) if not r]
+def check_used_here(names: list[str], used: list[bool]) -> None:
+    here = [names[i] for i, u in enumerate(used) if not u]
     if here:
         raise RuntimeError(
             f"minddp: {len(here)} parameter(s) received no gradient on this rank: {here}. With "
@@ -173,26 +170,30 @@ def check_clip(optimizer_overlap: bool) -> None:
             "every bucket) was known. Use optimizer_overlap=False to clip; grad_norm() still reads the norm.")
 
 
-def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precision,
+def torch_arguments(module, device_ids, process_group, device_mesh,
                     delay_all_reduce_named_params, param_to_hook_all_reduce):
     """torch DDP's constructor arguments: the ones that matter for a single-device module are
     honoured or checked as torch does; the features minddp lacks are refused by name.
     (`output_device`, `dim`, `check_reduction` and `gradient_as_bucket_view` change nothing here:
-    gradients are always bucket views; `static_graph` is the reducer's, minddp.engine.reducer.)
+    gradients are always bucket views; `static_graph` is the reducer's, minddp.engine.reducer;
+    `mixed_precision` minddp.engine.mixed_precision's.)
     Returns the process group to use: the mesh's, the one given, or the default group."""
-    for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
-                        ("param_to_hook_all_reduce", param_to_hook_all_reduce),
-                        ("mixed_precision", mixed_precision)):
-        if value is not None:
-            raise NotImplementedError(f"minddp.DistributedDataParallel does not implement torch DDP's "
-                                      f"{name}; use torch.autocast for mixed precision, or torch DDP")
+    if (delay_all_reduce_named_params is None) != (param_to_hook_all_reduce is None):  # torch's text
+        raise ValueError("delay_all_reduce_named_params and param_to_hook_all_reduce need to be set at the "
+                         "same time.")
+    if delay_all_reduce_named_params is not None:
+        raise NotImplementedError(
+            "minddp.DistributedDataParallel does not implement torch DDP's delay_all_reduce_named_params / "
+            "param_to_hook_all_reduce (torch starts that all-reduce from a tensor hook and never waits for "
+            "it): leave those parameters out with _set_params_and_buffers_to_ignore_for_model and reduce "
+            "them yourself, or use torch DDP")
     if device_mesh is not None:  # torch's checks and texts
         if process_group is not None:
             raise RuntimeError("Cannot specify both process_group and device_mesh arguments.")
         if device_mesh.ndim != 1:
             raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
         process_group = device_mesh.get_group(mesh_dim=0)
-    if device_ids is None:
+    if not device_ids:  # None, or torch's old spelling []
         return process_group if process_group is not None else dist.group.WORLD
     ignored = ignored_names(module)  # never touched: they may be no plain tensor (a ShardedTensor)
     devices = {p.device for n, p in module.named_parameters() if n not in ignored}
@@ -208,37 +209,21 @@ def torch_arguments(module, device_ids, process_group, device_mesh, mixed_precis
     return process_group if process_group is not None else dist.group.WORLD
 
 
+def torch_devices(module, device_ids, output_device) -> dict:
+    """torch DDP's `device_ids` and `output_device` attributes (checked by `torch_arguments`):
+    None for a CPU module or without device_ids, else the device indices (torch's
+    `_get_device_index`); `output_device` defaults to the first of `device_ids`."""
+    if not device_ids:
+        return {"device_ids": None, "output_device": None}
+    index = lambda d: d if isinstance(d, int) else torch.device(d).index  # noqa: E731
+    out = device_ids[0] if output_device is None else output_device
+    return {"device_ids": tuple(index(d) for d in device_ids), "output_device": index(out)}
+
+
 def check_not_wrapped(module: nn.Module, wrapper: type) -> None:
     if isinstance(module, (wrapper, nn.parallel.DistributedDataParallel)):
         raise TypeError(f"minddp.DistributedDataParallel: the module is already a {type(module).__name__}; "
                         "wrap the plain model once (pass `ddp.module` to wrap it anew)")
-
-
-def take_over(module: nn.Module, new) -> None:
-    """A module has one live wrapper: the newest (torch allows re-wrapping, e.g. `ddp = DDP(model,
-    **opts)` in a sweep). The previous one loses its hooks, which would fight over .grad, and is
-    retired: its forward raises `retired_error`."""
-    owner = OWNERS.get(module)
-    old = owner() if owner is not None else None
-    if old is not None and old is not new:
-        old.retire()
-    OWNERS[module] = weakref.ref(new)
-
-
-def release(handles, module_ref, owner) -> None:
-    """A wrapper's hooks go (remove_hooks(), or the wrapper was garbage-collected)."""
-    for h in handles:
-        h.remove()
-    module = module_ref()
-    if module is not None and OWNERS.get(module) is owner:
-        OWNERS.pop(module, None)
-
-
-def retired_error() -> None:
-    raise RuntimeError(
-        "minddp.DistributedDataParallel: this wrapper is retired: its module was wrapped again by a newer "
-        "DistributedDataParallel, which took over the module's gradient hooks (one live wrapper per module). "
-        "Use the new wrapper; to go back, wrap `old.module` again.")
 
 
 def _describe(entry) -> str:
@@ -250,11 +235,11 @@ def _describe(entry) -> str:
     return f"{kind} {name!r} of shape {list(shape)} and dtype {dtype}"
 
 
-def unused_parameters_error(names: list[str], flags: list[bool], ready: list[bool]) -> None:
+def unused_parameters_error(names: list[str], flags: list[bool], used: list[bool]) -> None:
     """Raised on every rank when the usage flags say some rank left parameters unused (read at
     the forward after that backward, as torch DDP raises)."""
     unused = [n for n, f in zip(names, flags) if f]
-    here = [names[i] for i, r in enumerate(ready) if not r]
+    here = [names[i] for i, u in enumerate(used) if not u]
     raise RuntimeError(
         f"minddp: {len(unused)} parameter(s) received no gradient on at least one rank "
         f"in this iteration: {unused} (on this rank: {here}). Every rank stopped here. "

@@ -7,23 +7,25 @@ One iteration (a forward outside `no_sync()`, then `loss.backward()`):
    reassigned; through `.data`, so a tensor an earlier forward saved for backward is not marked
    modified, as torch's broadcast does not bump autograd's version counter); the module runs;
    then (as torch's `_post_forward`: a forward that raised starts nothing), if grad is enabled and
-   `require_backward_grad_sync`, **prepare for backward**: `reducer.prepare_for_backward()` resets
-   every per-iteration flag, and `reducer.watch(output)` puts a prehook on the output's autograd
-   nodes: the backward of *this* graph will reach them. A forward that will not be followed by a
-   synchronised backward (no_grad, `no_sync()`) leaves a pending backward alone.
+   `require_backward_grad_sync`, **prepare for backward**: `reducer.prepare_for_backward()` makes
+   a new `Iteration` (minddp.engine.iteration: everything that lives for one backward), and
+   `reducer.watch(output)` puts a prehook on the output's autograd nodes: the backward of *this*
+   graph will reach them. A forward that will not be followed by a synchronised backward
+   (no_grad, `no_sync()`) leaves a pending backward alone.
 2. backward, **mark ready**: autograd accumulates each gradient straight into its bucket's flat
    buffer (`param.grad` is a view of it; a fresh gradient is copied in with the average's 1/n
-   fused). A post-accumulate hook calls `reducer.autograd_hook(i)`, which marks parameter i ready
-   (under `static_graph`, at its last hook: a shared weight gets several).
+   fused). A post-accumulate hook (minddp.engine.hooks) calls `reducer.autograd_hook(i)`, which
+   calls `mark_variable_ready(i)` (under `static_graph`, at its last hook: a shared weight gets
+   several); its bucket's pending count drops by one.
 3. **launch in order**: bucket b goes out (asynchronously, overlapping the rest of backward) as
    soon as bucket b and every bucket before it are complete: strictly in index order on every
-   rank, whatever order autograd delivers gradients in. That is when bucket i goes out.
+   rank, whatever order autograd delivers gradients in. That is when bucket b goes out.
 4. **finalize**, queued once on the autograd engine, when the backward of the forward's graph
    reaches its output (not a reentrant checkpoint's nested recomputation), or when the last
-   bucket is launched: launch what is left (buckets with unused parameters, everything under
+   bucket is complete: launch what is left (buckets with unused parameters, everything under
    `overlap=False` or in a static graph's first iteration), wait for every bucket in order, copy
-   the usage flags to the host without waiting. After the first iteration the buckets are rebuilt
-   once in the observed gradient-ready order (rank 0's, broadcast).
+   the usage flags to the host without waiting, drop the iteration. After the first iteration
+   the buckets are rebuilt once in the observed gradient-ready order (rank 0's, broadcast).
 
 When `loss.backward()` returns, finalize has run: every `param.grad` holds the average over ranks.
 That is when the step's gradient is final. `on_reduced(fn)` callbacks run with b right after
@@ -31,16 +33,16 @@ bucket b's wait (minddp.optim.overlap steps bucket b there); `on_rebuild(fn)` be
 
 Beside the iteration, each seam is the reducer's client through public methods: how a bucket
 is reduced (`reducer.reduction`, minddp.engine.reductions; the average's 1/n is decided in one
-place, `BucketReducer.pre_divide`, and fused into each fresh gradient's copy), what is recorded (`observer`),
-usage flags (minddp.engine.usage), uneven inputs (minddp.engine.join), pickling
-(minddp.engine.pickling). The constructor's arguments and what a script reads beside the step:
-minddp.engine.ddp_api.
+place, `Communicator.pre_divide`, and fused into each fresh gradient's copy), what is recorded
+(`observer`), usage flags (minddp.engine.usage), uneven inputs (minddp.engine.join: it hands the
+iteration its gradient scale), mixed precision (minddp.engine.mixed_precision), pickling
+(minddp.engine.pickling). The options, held once: minddp.engine.options; what a script reads
+beside the step: minddp.engine.ddp_api.
 """
 
 from __future__ import annotations
 
-import functools
-import weakref
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -48,9 +50,11 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _compat
-from . import checks, replicas
+from . import checks, hooks, pickling, replicas
 from . import join as _join
-from .ddp_api import PublicAPI
+from .ddp_api import Logger, PublicAPI
+from .mixed_precision import MixedPrecision
+from .options import Options
 from .reducer import Reducer
 
 
@@ -90,103 +94,123 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         optimizer_overlap: bool = False,
     ):
         super().__init__()
+        self.logger = Logger()  # what torch's logger records that minddp has: the last error
         compress = checks.normalise_compress(compress)
         checks.check_arguments(reduce_op, compress, bucket_cap_mb, shard_optimizer, algorithm,
                                find_unused_parameters, optimizer_overlap, bucket_cap_mb_list)
         process_group = checks.torch_arguments(module, device_ids, process_group, device_mesh,
-                                               mixed_precision, delay_all_reduce_named_params,
-                                               param_to_hook_all_reduce)
+                                               delay_all_reduce_named_params, param_to_hook_all_reduce)
         checks.check_not_wrapped(module, DistributedDataParallel)
         self.forward_sync_buffers, init_sync_buffers = checks.buffer_sync(
             broadcast_buffers, forward_sync_buffers, check_reduction)  # torch 2.13's rule and warnings
+        self.options = Options(
+            reduce_op=reduce_op, compress=compress, algorithm=algorithm, ranks_per_node=ranks_per_node,
+            shard_optimizer=shard_optimizer, mixed_precision=mixed_precision,
+            bucket_cap_mb=bucket_cap_mb, strict_bucket_cap=strict_bucket_cap,
+            bucket_cap_mb_list=tuple(bucket_cap_mb_list) if bucket_cap_mb_list is not None else None,
+            overlap=overlap, find_unused_parameters=find_unused_parameters,
+            skip_all_reduce_unused_params=skip_all_reduce_unused_params, optimizer_overlap=optimizer_overlap,
+            gradient_as_bucket_view=gradient_as_bucket_view, batched_grad_copy=batched_grad_copy, dim=dim,
+            **checks.torch_devices(module, device_ids, output_device))
         self.module = module
         self.process_group, self.device_mesh = process_group, device_mesh  # torch DDP's attributes
-        self.bucket_cap_mb, self.strict_bucket_cap = bucket_cap_mb, strict_bucket_cap
-        self.bucket_cap_mb_list = bucket_cap_mb_list  # torch 2.13: a cap per bucket (the last repeats)
-        self.shard_optimizer, self.overlap, self.reduce_op = shard_optimizer, overlap, reduce_op
-        self.optimizer_overlap = optimizer_overlap  # each bucket stepped once reduced: minddp.optim.overlap
-        self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
-        self.gradient_as_bucket_view = gradient_as_bucket_view  # as given (gradients are bucket views)
-        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params and find_unused_parameters
-        self.batched_grad_copy = batched_grad_copy  # accepted: each gradient is one copy already
-        self.options = dict(reduce_op=reduce_op, compress=compress, algorithm=algorithm,
-                            ranks_per_node=ranks_per_node, shard_optimizer=shard_optimizer,
-                            bucket_cap_mb=bucket_cap_mb, bucket_cap_mb_list=bucket_cap_mb_list,
-                            strict_bucket_cap=strict_bucket_cap, overlap=overlap,
-                            find_unused_parameters=find_unused_parameters, static_graph=static_graph,
-                            skip_all_reduce_unused_params=skip_all_reduce_unused_params,
-                            optimizer_overlap=optimizer_overlap)  # what the reducer is built from
-        self.retired = False  # a newer wrapper took the module over (checks.take_over)
-        self.ignored_names = checks.ignored_names(module)  # _set_params_and_buffers_to_ignore_for_model
+        self.retired = False  # a newer wrapper took the module over (minddp.engine.hooks)
+        self.uneven: _join.Join | None = None  # inside join(): who still trains, this iteration's scale
+        # torch's name: what _set_params_and_buffers_to_ignore_for_model left out
+        self.parameters_to_ignore = checks.ignored_names(module)
         named = [(n, p) for n, p in module.named_parameters()
-                 if p.requires_grad and n not in self.ignored_names]
+                 if p.requires_grad and n not in self.parameters_to_ignore]
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
         checks.check_trainable(self.names)
-        self.build_reducer(list(reversed(range(len(self.params)))))
-        checks.check_same_model(module, self.names, self.process_group, self.ignored_names)
-        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
-            replicas.init_sync(self, module, init_sync_buffers)
-        self.attach_hooks(module)
-        self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
-        self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
-
-    def build_reducer(self, order: list[int]) -> None:
-        """The reducer for this wrapper's parameters, buckets in `order`; no collective (the
-        constructor and unpickling)."""
         self.world_size = dist.get_world_size(self.process_group)
         self.src_rank = dist.get_process_group_ranks(self.process_group)[0]  # global (broadcast's src)
         self.device = self.params[0].device
-        self.reducer = Reducer(self.params, self.names, self.process_group, self.device, self.options,
-                               sparse=[_produces_sparse_gradient(self.module, n) for n in self.names])
-        self.reducer.build_layout(order)
+        self.mixed = MixedPrecision.of(mixed_precision, module, self.params, self.parameters_to_ignore,
+                                       self.options)
+        self.reducer = self._new_reducer(list(reversed(range(len(self.params)))))
+        checks.check_same_model(module, self.names, self.process_group, self.parameters_to_ignore)
+        if init_sync:  # torch's init_sync=False: the caller guarantees equal replicas
+            replicas.init_sync(self, module, init_sync_buffers)
+        if self.mixed is not None:  # torch casts the buffers once, after the init sync
+            self.mixed.cast_buffers()
+        self._hooks, self._finalizer = hooks.attach(self, module, self.params, self.reducer)
+        self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
+        self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
+        if static_graph:  # as torch's constructor does
+            self._set_static_graph()
 
-    def attach_hooks(self, module: nn.Module) -> None:
-        # hooks hold a weak reference: a dropped wrapper removes its hooks (finalizer)
-        me = weakref.ref(self.reducer)
-        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(_hook, me, i))
-                       for i, p in enumerate(self.params)]
-        self._finalizer = weakref.finalize(self, checks.release, self._hooks, weakref.ref(module),
-                                           weakref.ref(self))
-        checks.take_over(module, self)  # an older wrapper of this module is retired
+    def _new_reducer(self, order: list[int]) -> Reducer:
+        """The reducer for this wrapper's parameters, buckets in `order`; no collective (the
+        constructor and unpickling)."""
+        sparse = [_produces_sparse_gradient(self.module, n) for n in self.names]
+        reducer = Reducer(self.params, self.names, self.process_group, self.device, self.options, sparse,
+                          mixed=self.mixed)
+        reducer.build_layout(order)
+        return reducer
 
     def retire(self) -> None:
         """A newer wrapper took the module over: this one's forward raises from now on."""
         self.remove_hooks()
         self.retired = True
 
-    @property
-    def module_buffers(self) -> list[torch.Tensor]:
-        """The buffers each forward broadcasts, re-read each time (minddp.engine.replicas)."""
-        return replicas.synced_buffers(self.module, self.ignored_names)
+    def _set_static_graph(self) -> None:
+        """torch DDP's (private by name, called by the Hugging Face Trainer and many scripts right
+        after wrapping): the graph is the same every iteration; before the first one, once."""
+        if self.static_graph:  # torch's warning, word for word
+            warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
+            return
+        with self.logging_errors():
+            self.reducer.set_static_graph()
+        if self.find_unused_parameters:  # torch's warning, word for word
+            warnings.warn("You passed find_unused_parameters=true to DistributedDataParallel, "
+                          "`_set_static_graph` will detect unused parameters automatically, so you do not "
+                          "need to set find_unused_parameters=true, just be sure these unused parameters "
+                          "will not change during training loop while calling `_set_static_graph`.",
+                          stacklevel=2)
 
-    # the reducer's state, read by scripts, tools and tests under the names they always had
-    layout = property(lambda self: self.reducer.layout, doc="Where every gradient lives (buckets.Layout).")
-    reduction = property(lambda self: self.reducer.reduction, doc="How a bucket is reduced.")
-    observer = property(lambda self: self.reducer.observer, doc="What is recorded about communication.")
-    usage = property(lambda self: self.reducer.usage, doc="The unused-parameter flags.")
-    rebuilt = property(lambda self: self.reducer.rebuilt, doc="The buckets were rebuilt (once).")
+    @property
+    def broadcast_buffers(self) -> bool:
+        """torch 2.13's deprecated name of `forward_sync_buffers`."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
         if self.retired:
-            checks.retired_error()
+            hooks.retired_error()
         self.usage.check()  # the last backwards' usage flags, once landed (minddp.engine.usage)
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         bcast = self.require_forward_param_sync and self.forward_sync_buffers and self.world_size > 1
-        src = self.src_rank
-        if self.reducer.uneven is not None:  # tell the ranks that ran out of data what this iteration does
-            src = self.reducer.uneven.on_forward(sync, bcast)
+        src, grad_scale = self.src_rank, None
+        if self.uneven is not None:  # tell the ranks that ran out of data what this iteration does
+            src = self.uneven.on_forward(sync, bcast)
+            grad_scale = self.uneven.grad_scale()
         if bcast:
             replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
         self.require_forward_param_sync = sync
-        with _compat.dynamo_sees_ddp(self):  # a compiled model: one subgraph per bucket, as torch DDP
-            output = self.module(*args, **kwargs)
+        output = self._run_module(args, kwargs)
         # after the module, as torch's _post_forward: a forward that raised starts no iteration.
         # False: a checkpoint's recomputation inside this iteration's backward, which goes on.
-        if sync and self.reducer.prepare_for_backward():
+        if sync and self.reducer.prepare_for_backward(grad_scale):
             self.reducer.watch(output)  # the backward of this graph finalizes the iteration
         # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         return output
+
+    def _run_module(self, args, kwargs):
+        if self.mixed is None:
+            with _compat.dynamo_sees_ddp(self):  # a compiled model: one subgraph per bucket, as torch DDP
+                return self.module(*args, **kwargs)
+        # the forward sees parameters and inputs in param_dtype (minddp.engine.mixed_precision)
+        args, kwargs, restore = self.mixed.to_compute(args, kwargs, self.layout)
+        try:
+            with _compat.dynamo_sees_ddp(self):
+                return self.module(*args, **kwargs)
+        finally:
+            if restore:  # a no_grad forward: no backward will need the param_dtype copies
+                self.mixed.to_full_precision(None)
 
     # --------------------------------------------------------------- public API
     @contextmanager
@@ -203,25 +227,44 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         finally:
             self.require_backward_grad_sync = old
 
+    @contextmanager
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False):
         """Uneven inputs (torch's `Join`, torch's arguments): wrap the training loop; a rank that
         runs out of data shadows the others' collectives until every rank is done (minddp.engine.join).
         Gradients are averaged over the initial world size, or over the ranks still training."""
-        return _join.join(self, enable=enable, throw_on_early_termination=throw_on_early_termination,
-                          divide_by_initial_world_size=divide_by_initial_world_size)
+        if not enable:  # torch: the inputs are even, nothing to detect
+            yield
+            return
+        _join.check_joinable(self.reduction)
+        self.uneven = _join.Join(self, divide_by_initial_world_size, throw_on_early_termination)
+        try:
+            yield
+            self.uneven.shadow_until_all_joined()  # a rank out of data: the others' collectives
+        finally:
+            self.uneven = None
 
     def register_comm_hook(self, state, hook) -> None:
         """Replace how buckets are reduced: `hook(state, GradBucket) -> Future`. Once (torch's rule)."""
         with self.logging_errors():  # torch's logger records them: _get_ddp_logging_data()
             checks.check_comm_hook(hook)  # torch's checks, at registration
+            if self.mixed is not None:
+                self.mixed.refuse_comm_hook()
         self.reducer.register_comm_hook(state, hook)
 
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self):
+        return pickling.getstate(self)
 
-def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
-    reducer = owner()
-    if reducer is not None:
-        reducer.autograd_hook(i, p)
+    def __setstate__(self, state) -> None:
+        state, order, static_graph = pickling.restored(state)  # the per-process parts were dropped
+        nn.Module.__setstate__(self, state)
+        self.mixed = MixedPrecision.of(self.options.mixed_precision, self.module, self.params,
+                                       self.parameters_to_ignore, self.options)
+        self.reducer = self._new_reducer(order)
+        if static_graph:
+            self.reducer.set_static_graph()
+        self._hooks, self._finalizer = hooks.attach(self, self.module, self.params, self.reducer)
 
 
 def _produces_sparse_gradient(module: nn.Module, name: str) -> bool:

@@ -20,14 +20,14 @@ their own (SyncBatchNorm) that a joined rank cannot shadow. It costs the same on
 all-gather per forward; nothing is shadowed and no final model is broadcast unless every
 rank ran out at once (then the model sync below runs, as torch's post-hook does).
 
-The engine calls this module at two points only: `on_forward` in its forward and
-`grad_scale` when its wait is over; this module drives the engine through the reducer's public
-`shadow_iteration()` (zeros in every bucket, in order, and the one rebuild).
+The wrapper's `join()` holds a `Join` while the loop runs and calls it at one point only, its
+forward: `on_forward` (the all-gather) and `grad_scale`, which it hands to the iteration the
+forward starts (`reducer.prepare_for_backward(grad_scale)`); nothing is written into the reducer.
+A rank out of data drives the engine through the reducer's public `shadow_iteration()` (zeros in
+every bucket, in order, and the one rebuild).
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,8 @@ from .replicas import broadcast_buffers
 
 
 class Join:
+    """One `join()`: who still trains (`active`), how many iterations this rank trained."""
+
     def __init__(self, ddp, divide: bool, throw: bool = False):
         self.ddp, self.divide, self.throw = ddp, divide, throw
         self.iters, self.active = 0, ddp.world_size
@@ -94,27 +96,10 @@ class Join:
         broadcast_coalesced(ddp.module_buffers, ddp.process_group, last)
 
 
-@contextmanager
-def join(ddp, divide_by_initial_world_size: bool = True, enable: bool = True,
-         throw_on_early_termination: bool = False):
-    """The body of `DistributedDataParallel.join()`, torch's arguments and defaults."""
-    if not enable:  # torch: the inputs are even, nothing to detect
-        yield
-        return
-    reduction = ddp.reducer.reduction
+def check_joinable(reduction) -> None:
     if not reduction.joinable:
         raise RuntimeError(
             f"minddp: join() does not combine with shard_optimizer=True ({type(reduction).__name__}, "
             "ZeRO-1): a rank that ran out of data would also have to take part in ShardedOptimizer's "
             "step (its all-gather) and gradient-norm all-reduce. Give every rank the same number of "
             "batches (drop_last=True / DistributedSampler), or use shard_optimizer=False with join().")
-    uneven = ddp.reducer.uneven = Join(ddp, divide_by_initial_world_size, throw_on_early_termination)
-    try:
-        yield
-    except BaseException:
-        ddp.reducer.uneven = None
-        raise
-    try:
-        uneven.shadow_until_all_joined()
-    finally:
-        ddp.reducer.uneven = None

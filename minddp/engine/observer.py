@@ -1,18 +1,23 @@
 """What the engine reports about its communication, kept out of its core path.
 
-The engine (ddp.py) calls an observer at these points and does not know what it records:
+The reducer (minddp.engine.reducer) tells an observer what happens and does not know what it
+records; the observer only listens (it never wraps or replaces what the reducer waits on):
 
     layout_changed(n)         the buckets were (re)built: n buckets
     start(n)                  a synchronised forward begins a new iteration
     launch(b, nbytes, kind)   bucket b's reduction is about to start
-    launched(b, future, work) ... and has started (work: the native collective's Work, or None):
-                              returns the future the engine waits on
+    launched(b, started)      ... and has started (`Started`: its future, and the backend's Work
+                              or None); the observer may add a done-callback to the future
     poll()                    a gradient arrived (a cheap moment to notice completions)
     backward_end(k)           autograd finished (k buckets were launched during it); the
-                              engine now launches the rest and waits
-    done(b)                   the engine's wait for bucket b returned
+                              reducer now launches the rest and waits
+    done(b)                   the reducer's wait for bucket b returned
     wait_end(wire_bytes)      every bucket is reduced
     read()                    `ddp.comm_stats` was read
+
+A bucket's completion is noted once: by the future's callback (on the thread that completed it:
+the exact time) or by `done(b)`, whichever comes first (a future's waiters can wake before its
+callbacks have run), so a late callback of one iteration never marks the next.
 
 `Observer` keeps `CommStats` (host clock), the optional trace (`ddp.trace = []` records
 (event, bucket, time) tuples: see minddp.train.metrics.steptrace) and torch.profiler ranges.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -65,6 +71,20 @@ def clock_for(device_type: str, backend: str) -> str:
     return "cuda-events" if device_type == "cuda" and "nccl" in backend else "host"
 
 
+class _Once:
+    """Which buckets' completion was noted in one iteration: the first of the future's callback
+    and the reducer's `done(b)` notes it (they can run on two threads at once)."""
+
+    def __init__(self, num_buckets: int):
+        self._noted = [False] * num_buckets
+        self._lock = threading.Lock()
+
+    def claim(self, b: int) -> bool:
+        with self._lock:
+            first, self._noted[b] = not self._noted[b], True
+            return first
+
+
 def observer_for(device: torch.device, overlap: bool, group=None) -> "Observer":
     import torch.distributed as dist
 
@@ -77,24 +97,27 @@ def observer_for(device: torch.device, overlap: bool, group=None) -> "Observer":
 class Observer:
     """CommStats from the host clock, the trace, and profiler ranges."""
 
-    host_clock = True  # completion times from a callback on each future
-
     def __init__(self, overlap: bool = True):
         self.overlap = overlap
         self.trace: list | None = None  # set to a list to record (event, bucket, time) tuples
         self.stats = CommStats(overlap=overlap)
         self._range = self._wait_range = None
-        self.iterations = 0  # synchronised iterations started: torch's logging data "iteration"
+        # the current iteration's (start() renews them)
+        self._t_launch: list[float | None] = []
+        self._t_done: list[float | None] = []
+        self._once = _Once(0)
+        self._inflight: collections.deque[tuple[int, object]] = collections.deque()  # (bucket, Work)
+        self._t_first_launch = self._t_last_done = self._t_wait = None
 
     def layout_changed(self, num_buckets: int) -> None:
         self.stats.num_buckets = num_buckets
 
     def start(self, num_buckets: int) -> None:
-        self.iterations += 1
         self.stats = CommStats(num_buckets=num_buckets, overlap=self.overlap)
         self._t_launch = [None] * num_buckets
         self._t_done = [None] * num_buckets
-        self._inflight: collections.deque[tuple[int, object]] = collections.deque()  # (bucket, Work)
+        self._once = _Once(num_buckets)
+        self._inflight = collections.deque()
         self._t_first_launch = self._t_last_done = None
 
     def launch(self, b: int, nbytes: int, kind: str) -> None:
@@ -107,32 +130,35 @@ class Observer:
             self._range = torch.profiler.record_function(f"minddp: bucket {b} {kind} ({nbytes} B)")
             self._range.__enter__()
 
-    def launched(self, b: int, future, work=None):
+    def launched(self, b: int, started) -> None:
         self._end_range()
         self.stats.launch_order.append(b)
-        if self.host_clock and isinstance(future, torch.futures.Future):
-            # the completion time, exactly (busy_s): a callback on the comm thread
-            return future.then(functools.partial(self._on_done, b))
-        self._inflight.append((b, future))  # a Work without a future (gloo's reduce-scatter): polled
-        return future
+        future = started.future
+        if isinstance(future, torch.futures.Future):
+            # the completion time, exactly (busy_s): a callback on the thread that completes it
+            future.add_done_callback(functools.partial(self._on_done, self._once, self._t_done, b))
+        else:  # a collective's own future or a Work without one (gloo's reduce-scatter): polled
+            self._inflight.append((b, future))
 
     def poll(self) -> None:
         """Note the completion time of launched buckets that have finished (in launch order)."""
         while self._inflight and self._inflight[0][1].done():
-            self._mark_done(self._inflight.popleft()[0])
+            b = self._inflight.popleft()[0]
+            if self._once.claim(b):
+                self._mark_done(self._t_done, b)
 
     def _end_range(self) -> None:
         if self._range is not None:
             self._range, r = None, self._range
             r.__exit__(None, None, None)
 
-    def _on_done(self, b: int, fut):
-        self._mark_done(b)
-        return fut.value()
+    def _on_done(self, once: _Once, t_done: list, b: int, fut) -> None:
+        if once.claim(b):  # (its iteration's marks: a callback never marks a later iteration)
+            self._mark_done(t_done, b)
 
-    def _mark_done(self, b: int) -> None:
-        self._t_last_done = self._t_done[b] = time.perf_counter()
-        self.note("done", b, self._t_last_done)
+    def _mark_done(self, t_done: list, b: int) -> None:
+        self._t_last_done = t_done[b] = time.perf_counter()
+        self.note("done", b, t_done[b])
 
     def note(self, event: str, b, t: float) -> None:
         if self.trace is not None:
@@ -150,7 +176,8 @@ class Observer:
     def done(self, b: int) -> None:
         if self._inflight and self._inflight[0][0] == b:  # not seen finished by a poll: now
             self._inflight.popleft()
-            self._mark_done(b)
+        if self._once.claim(b):  # no poll or callback noted it yet
+            self._mark_done(self._t_done, b)
 
     def wait_end(self, wire_bytes: int) -> None:
         if self._wait_range is not None:
@@ -179,14 +206,13 @@ class CudaObserver(Observer):
     the end when it completes, on that thread. No completion is read from the host: an NCCL Work
     reads done at enqueue, which would draw zero-width bars."""
 
-    host_clock = False
-
     def __init__(self, device: torch.device, overlap: bool = True):
         super().__init__(overlap)
         self.device = device
         self._stream = torch.cuda.Stream(device)
         self._events: list[tuple] = []
         self._marks: dict | None = None
+        self._anchor: tuple | None = None  # a traced step: (an event, the host time it was recorded)
 
     def start(self, num_buckets: int) -> None:
         super().start(num_buckets)
@@ -202,29 +228,31 @@ class CudaObserver(Observer):
         super().launch(b, nbytes, kind)
         self._events[b][0].record()  # on the compute stream: the bucket is handed to the backend here
 
-    def launched(self, b: int, future, work=None):
+    def launched(self, b: int, started) -> None:
         self._end_range()
         self.stats.launch_order.append(b)
-        if work is not None:  # the collective's own end event orders the timing stream
-            self._record_end(b, work)
+        future = started.future
+        if started.work is not None:  # the collective's own end event orders the timing stream
+            self._record_end(self._once, b, started.work)
         elif isinstance(future, torch.futures.Future) and not future.done():  # a worker thread's:
-            return future.then(functools.partial(self._record_end, b))  # recorded when it completes
+            future.add_done_callback(functools.partial(self._record_end, self._once, b))  # when it ends
         else:
-            self._record_end(b, future)
-        return future
+            self._record_end(self._once, b, future)
 
-    def _record_end(self, b: int, future):
+    def _record_end(self, once: _Once, b: int, future) -> None:
         """`future`: a Work, a Works (ZeRO's reduce-scatter) or a future."""
+        if not once.claim(b):  # the reducer's done(b) came first
+            return
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             future.wait()  # the timing stream waits for the collective, the host does not
             self._events[b][1].record()
-        return future.value() if isinstance(future, torch.futures.Future) else None
 
     def poll(self) -> None:
         pass  # completion times come from the events
 
     def done(self, b: int) -> None:
-        pass
+        if self._once.claim(b):  # a callback that has not run yet: the compute stream waited for it
+            self._events[b][1].record()
 
     def note(self, event: str, b, t: float) -> None:
         if event not in ("launch", "done"):  # those come from the events (wait_end)

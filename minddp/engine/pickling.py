@@ -12,10 +12,10 @@ its forward broadcasts buffers and its backward reduces gradients, so every rank
 from __future__ import annotations
 
 import torch.distributed as dist
-from torch import nn
 
-# per-process state: the reducer (buckets, reduction, observer, flags, the iteration) and the hooks
-DROPPED = frozenset({"process_group", "reducer", "_hooks", "_finalizer", "params"})
+# per-process state: the reducer (buckets, reduction, observer, flags, the iteration), the
+# mixed-precision casts (they hold the parameters' full-precision data), the hooks
+DROPPED = frozenset({"process_group", "reducer", "mixed", "uneven", "_hooks", "_finalizer", "params"})
 
 
 def getstate(ddp) -> dict:
@@ -25,15 +25,16 @@ def getstate(ddp) -> dict:
                            "passed process_group argument to DDP constructor")
     state = {k: v for k, v in ddp.__dict__.items() if k not in DROPPED}
     state["_bucket_order"] = ddp.layout.order()
+    state["_static_graph"] = ddp.static_graph
     return state
 
 
-def setstate(ddp, state: dict) -> None:
+def restored(state: dict) -> tuple[dict, list[int], bool]:
+    """(the wrapper's attributes on the default group, its parameters re-read from its module;
+    the bucket order; static_graph): the wrapper rebuilds its reducer and hooks from these."""
     state = dict(state)
-    order = state.pop("_bucket_order")
-    nn.Module.__setstate__(ddp, state)
-    ddp.process_group = dist.group.WORLD
-    named = dict(ddp.module.named_parameters())
-    ddp.params = [named[n] for n in ddp.names]
-    ddp.build_reducer(order)
-    ddp.attach_hooks(ddp.module)
+    order, static_graph = state.pop("_bucket_order"), state.pop("_static_graph")
+    state["process_group"], state["uneven"] = dist.group.WORLD, None
+    named = dict(state["_modules"]["module"].named_parameters())
+    state["params"] = [named[n] for n in state["names"]]
+    return state, order, static_graph

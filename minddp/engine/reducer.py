@@ -1,34 +1,40 @@
-"""The reducer: one object that owns the buckets and one iteration, in torch's reducer's phases.
+"""The reducer: one object that owns the buckets and drives one iteration, in torch's reducer's
+phases. What lives for one backward is an `Iteration` (minddp.engine.iteration): created here,
+dropped here, nowhere else.
 
-    prepare_for_backward()   a synchronised forward starts an iteration: every flag below is reset
+    prepare_for_backward()   a synchronised forward starts an iteration (a new `Iteration`)
     watch(output)            ... and says where its backward ends (prehooks on the output's nodes)
-    autograd_hook(i)         parameter i's gradient was accumulated: mark it ready (its bucket view)
-    launch ready buckets     bucket b goes out once it and every bucket before it are complete:
+    autograd_hook(i)         parameter i's gradient was accumulated (into its bucket view) ...
+    mark_variable_ready(i)   ... so it is ready: its bucket has one gradient less to wait for
+    launch_ready_buckets()   bucket b goes out once it and every bucket before it are complete:
                              strictly in index order on every rank, whatever order autograd uses
-    finalize()               queued once on the autograd engine; launches what is left, waits for
-                             every bucket in order: then every .grad is the average over ranks
+    finalize_backward()      queued once on the autograd engine; launches what is left, waits for
+                             every bucket in order, drops the iteration: every .grad is the average
 
-The rules, each a flag named for the torch rule it encodes (torch's `reducer.cpp`):
-- `expect_autograd_hooks` (torch's name): only a synchronised forward (grad enabled, outside
-  `no_sync()`) starts an iteration; a hook outside one (no_sync, a backward through the plain
-  module, a second backward of a retained graph) just leaves the local gradient in .grad.
-- `finalize_queued`: the end-of-backward callback is queued once per iteration, on the backward
-  of the graph this forward built: by a prehook on the forward's output nodes (that backward,
-  not a reentrant checkpoint's nested recomputation), or when the last bucket is launched
-  (torch's own rule, whichever graph task that is), or at the first hook when the output
-  carries no graph.
+When the iteration ends (torch's rules, each on one line where it is applied):
+- only a synchronised forward (grad enabled, outside `no_sync()`) starts one; a hook outside one
+  (no_sync, a backward through the plain module, a second backward of a retained graph) just
+  leaves the local gradient in .grad;
+- `finalize_backward` is queued once per iteration, on the backward of the graph this forward
+  built: by a prehook on the forward's output nodes (that backward, not a reentrant checkpoint's
+  nested recomputation, which runs its own backward inside it), or when every bucket is complete
+  (torch's own rule, whichever graph task that is), or at the first hook when the output carries
+  no graph; a backward that marked nothing (autograd.grad of an input) leaves the iteration open;
 - `static_graph`: a parameter may be ready more than once (weight sharing, checkpointed twice):
   the first iteration counts each parameter's hooks and reduces everything at its end (torch's
-  delayed all-reduce); later iterations mark a parameter ready at its last hook.
-- `require_finalize`: a parameter was marked ready, so the iteration must be finalized before the
-  next one starts (torch's "Expected to have finished reduction in the prior iteration").
+  delayed all-reduce); later iterations mark a parameter ready at its last hook;
+- a parameter marked ready means the iteration must be finalized before the next one starts
+  (torch's "Expected to have finished reduction in the prior iteration").
 
-How a bucket is reduced is `reduction`'s (minddp.engine.reductions), what is recorded the
-`observer`'s, the usage flags `usage`'s; where each gradient lives is `layout` (a public map).
+An unused parameter (no gradient this backward) is found when its bucket goes out: it contributes
+what its .grad holds (zeros if None), and the usage flags (minddp.engine.usage) say which
+parameters some rank left unused. How a bucket is reduced is `reduction`'s (minddp.engine.
+reductions), what is recorded the `observer`'s; where each gradient lives is `layout` (a map).
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -36,12 +42,14 @@ import torch.distributed as dist
 
 from .. import _compat
 from .buckets import Layout, TensorSpec, assign_buckets
-from .comm_hooks import BucketReducer
+from .communicator import Communicator, Started
+from .iteration import Iteration
 from .observer import observer_for
+from .options import Options
 from .reductions import make_reduction
 from .usage import UsageFlags
 
-# torch's texts (reducer.cpp), so scripts that match them keep working
+# torch's texts (reducer.cpp, distributed.py), so scripts that match them keep working
 MARKED_TWICE = ("Expected to mark a variable ready only once. This error is caused by one of the following "
                 "reasons: 1) Use of a module parameter outside the `forward` function. ... 2) Reused "
                 "parameters in multiple reentrant backward passes (activation checkpointing twice, or "
@@ -54,47 +62,43 @@ NOT_FINISHED = ("Expected to have finished reduction in the prior iteration befo
                 "error indicates that your module has parameters that were not used in producing loss, or "
                 "that the loss was not computed from the wrapper's output: pass find_unused_parameters=True, "
                 "or compute the loss from every forward's output.")
+STATIC_GRAPH_TOO_LATE = ("set_static_graph() should be called before training loop starts and after "
+                         "DistributedDataParallel is constructed")
 
 
 class Reducer:
-    """Owns the buckets and the iteration of one DistributedDataParallel (see the module doc)."""
+    """Owns the buckets and drives the iterations of one DistributedDataParallel (module doc)."""
 
-    def __init__(self, params, names, group, device, options: dict, sparse: list[bool]):
+    def __init__(self, params, names, group, device, options: Options, sparse: list[bool], mixed=None):
         self.params, self.names, self.group, self.device = params, names, group, device
-        self.world_size = dist.get_world_size(group)
+        self.options = options
         self.src_rank = dist.get_process_group_ranks(group)[0]  # global (broadcast's src)
-        self.options = options  # bucket caps, find_unused_parameters, static_graph, overlap, ...
-        self.static_graph = options["static_graph"]
-        self.find_unused = options["find_unused_parameters"]
-        self.overlap = options["overlap"]
-        self.skip_unused = options["skip_all_reduce_unused_params"] and self.find_unused
         self.sparse = sparse  # torch's expect_sparse_gradient: its own bucket, reduced as it is
         if any(sparse):
             _check_sparse_options(options, [n for n, s in zip(names, sparse) if s])
-        reducer = BucketReducer(group, options["reduce_op"], options["algorithm"], options["ranks_per_node"])
-        self.reduction = make_reduction(reducer, options["compress"], options["shard_optimizer"], params)
-        self.observer = observer_for(device, self.overlap)
-        # static_graph tolerates unused parameters as find_unused_parameters does (torch's rule)
-        self.usage = UsageFlags(names, self.find_unused or self.static_graph)
+        self.mixed = mixed  # mixed precision's casts (minddp.engine.mixed_precision), or None
+        comm = Communicator(group, options.reduce_op, options.algorithm, options.ranks_per_node)
+        self.reduction = mixed.reduction(comm, params) if mixed else make_reduction(comm, options, params)
+        self.observer = observer_for(device, options.overlap)
+        self.usage = UsageFlags(names, tolerate_unused=options.find_unused_parameters)
         self.reduced_callbacks, self.rebuild_callbacks = [], []  # on_reduced(fn), on_rebuild(fn)
-        self.uneven = None  # inside join(): minddp.engine.join.Join
+        self.static_graph = False  # set_static_graph(), before the first iteration
         self.hook_registered = False
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
+        self.iterations = 0  # synchronised iterations started (torch's num_iterations_)
         self.hook_counts: list[int] | None = None  # static_graph: hooks per parameter, 1st iteration
         self.layout: Layout | None = None
-        self.expect_autograd_hooks = self.finalize_queued = self.require_finalize = False
-        self.watched_outputs = self.counting = False
-        self.hooks_left: list[int] | None = None  # static_graph: hooks still to come, per parameter
+        self.iteration: Iteration | None = None  # between prepare_for_backward and finalize_backward
 
     # ------------------------------------------------------------------ the buckets
     def build_layout(self, order: list[int]) -> None:
         """(Re)allocate the flat buffers for `order`; existing gradients move into them. Dense
         buckets by torch's size rule, then one bucket per sparse parameter."""
+        o = self.options
         specs = [TensorSpec.of(p) for p in self.params]
         dense = [i for i in order if not self.sparse[i]]
-        assignment = assign_buckets(specs, dense, self.options["bucket_cap_mb"],
-                                    strict=self.options["strict_bucket_cap"],
-                                    caps_mb=self.options["bucket_cap_mb_list"]) if dense else []
+        assignment = assign_buckets(specs, dense, o.bucket_cap_mb, strict=o.strict_bucket_cap,
+                                    caps_mb=o.bucket_cap_mb_list) if dense else []
         assignment += [[i] for i in order if self.sparse[i]]
         version = self.layout.version + 1 if self.layout is not None else 1
         for fn in self.rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
@@ -103,8 +107,10 @@ class Reducer:
         self.reduction.bind(None)  # let each old buffer go once its last gradient has moved
         shards = self.reduction.pad_to
         me = dist.get_group_rank(self.group, dist.get_rank()) if shards > 1 else 0
-        self.layout = Layout(self.params, assignment, tail_numel=len(self.params), shards=shards,
-                             shard_index=me, version=version, sparse=self.sparse)
+        self.layout = Layout.build(self.params, assignment, tail_numel=len(self.params), shards=shards,
+                                   shard_index=me, version=version, sparse=self.sparse,
+                                   flat_params=self.reduction.flat_params,
+                                   dtype=self.mixed.param_dtype if self.mixed else None)
         self.reduction.bind(self.layout)
         self.observer.layout_changed(len(self.layout.buckets))
 
@@ -127,128 +133,134 @@ class Reducer:
         self.reduction = self.reduction.with_hook(state, hook)
         self.reduction.bind(self.layout)
 
+    def on_reduced(self, fn) -> None:
+        self.reduced_callbacks.append(fn)
+
+    def on_rebuild(self, fn) -> None:
+        self.rebuild_callbacks.append(fn)
+
+    def set_static_graph(self) -> None:
+        """torch's `_set_static_graph`: before the first iteration, once (the wrapper warns on a
+        second call). Unused parameters are then tolerated, as with find_unused_parameters."""
+        if self.iterations:
+            raise RuntimeError(STATIC_GRAPH_TOO_LATE)
+        self.static_graph = True
+        if not self.usage.tolerate_unused:  # nothing is pending before the first iteration
+            self.usage = UsageFlags(self.names, tolerate_unused=True)
+        if self.options.find_unused_parameters:  # torch's warning, word for word
+            warnings.warn("You passed find_unused_parameters=true to DistributedDataParallel, "
+                          "`_set_static_graph` will detect unused parameters automatically, so you do not "
+                          "need to set find_unused_parameters=true, just be sure these unused parameters "
+                          "will not change during training loop while calling `_set_static_graph`.",
+                          stacklevel=3)
+
     # ------------------------------------------------------------------ phase 1: prepare
-    def prepare_for_backward(self) -> bool:
+    def prepare_for_backward(self, grad_scale: float | None = None) -> bool:
         """A synchronised forward: a new iteration (torch's prepare_for_backward). Not when the
         forward is a non-reentrant checkpoint's recomputation inside this iteration's backward:
-        the iteration goes on (returns False)."""
-        if self.expect_autograd_hooks and _compat.in_backward():
+        the iteration goes on (returns False). `grad_scale`: join's factor for the reduced
+        gradients (averaged over the ranks still training), or None."""
+        it = self.iteration
+        if it is not None and _compat.in_backward():
             return False
-        if self.require_finalize:  # the last iteration marked gradients ready but never finished
-            self.require_finalize = False
+        if it is not None and it.require_finalize:  # marked gradients ready but never finished
+            it.require_finalize = False
             raise RuntimeError(NOT_FINISHED)
-        self.expect_autograd_hooks = True
-        self.finalize_queued = self.watched_outputs = False
-        self.ready = [False] * len(self.params)
-        self.ready_order: list[int] = []
-        self.next_bucket = 0
-        counts = self.hook_counts
-        self.hooks_left = list(counts) if counts is not None else None
-        self.counting = self.first_iteration_of_static_graph  # hooks counted, all reduced at the end
-        self.first_counts = [0] * len(self.params) if self.counting else None
-        self.marked = [False] * len(self.params)
-        self.hooks_seen = False  # a backward that marks nothing (autograd.grad w.r.t. an input) ends nothing
-        for b in self.layout.buckets:
-            # static_graph after its first iteration: a parameter no hook reached then never comes
-            b.pending = sum(1 for i in b.param_ids if counts is None or counts[i] > 0)
-            b.future, b.unused = None, []
-        self.complete = sum(1 for b in self.layout.buckets if b.pending == 0)  # buckets with every gradient
+        self.iterations += 1
+        counting = self.static_graph and self.hook_counts is None  # hooks counted, all reduced at the end
+        self.iteration = Iteration(self.layout, len(self.params), self.hook_counts, counting, grad_scale)
         self.observer.start(len(self.layout.buckets))
         return True
 
     def watch(self, output) -> None:
         """Queue the finalize when the backward of this forward's graph reaches its output (torch's
         _DDPSink, without a node of its own): that backward, not a nested recomputation's, ends
-        the iteration. Only while this iteration is open; nothing is kept but the prehook."""
+        the iteration. Nothing is kept but the prehook."""
         for t in _compat.output_tensors(output):
             if t.grad_fn is not None:
                 t.grad_fn.register_prehook(_OutputReached(self))
-                self.watched_outputs = True
+                self.iteration.output_watched = True
 
     def output_reached(self) -> None:
-        if self.expect_autograd_hooks:
+        if self.iteration is not None:
             self._queue_finalize()
 
     def _queue_finalize(self) -> None:
-        if not self.finalize_queued:
-            self.finalize_queued = True
-            _compat.queue_autograd_callback(self.finalize)
-
-    @property
-    def first_iteration_of_static_graph(self) -> bool:
-        return self.static_graph and self.hook_counts is None
+        it = self.iteration
+        if not it.finalize_queued:
+            it.finalize_queued = True
+            _compat.queue_autograd_callback(self.finalize_backward)
 
     # ------------------------------------------------------------------ phase 2: mark ready
     def autograd_hook(self, i: int, p: torch.Tensor) -> None:
         """Parameter i's gradient was accumulated (a post-accumulate-grad hook)."""
-        grad = p.grad
+        it, grad = self.iteration, p.grad
         if self.sparse[i]:
-            return self._sparse_hook(i, grad)
+            if it is not None:
+                self.mark_variable_ready(i, grad is not None)
+            return
         view = self.layout.views[i]
         if grad is not view and (grad is None or grad.data_ptr() != view.data_ptr()):
             if grad is None:  # undefined (a backward returned None): zeros, as torch's reducer
                 self._undefined_grad(p, view)
             else:  # a fresh tensor (.grad was None): into the bucket, the average's 1/n fused
-                last = self.expect_autograd_hooks and not self.counting and (
-                    self.hooks_left is None or self.hooks_left[i] == 1)  # this hook makes it ready
-                self.reduction.copy_in(i, view, grad, last)
+                last = it is not None and not it.counting_hooks and (
+                    it.hooks_left is None or it.hooks_left[i] == 1)  # this hook makes it ready
+                self.reduction.copy_in(i, view, grad, it if last else None)
                 p.grad = view
-        if not self.expect_autograd_hooks:  # outside an iteration: a local gradient, as torch
-            if grad is not None and self.find_unused:  # used in a no_sync() micro-step
-                self.usage.used_unsynced[i] = True
+        if it is None:  # outside an iteration: a local gradient, as torch
+            if grad is not None and self.options.find_unused_parameters:  # used in a no_sync() step
+                self.usage.note_unsynced_use(i)
             return
-        self._mark_ready(i, grad is not None or not self.find_unused)  # undefined: not a use
+        # an undefined gradient is not a use under find_unused_parameters
+        self.mark_variable_ready(i, grad is not None or not self.options.find_unused_parameters)
 
-    def _sparse_hook(self, i: int, grad) -> None:
-        if self.expect_autograd_hooks:
-            self._mark_ready(i, grad is not None)
-
-    def _mark_ready(self, i: int, used: bool) -> None:
-        self.hooks_seen = True
-        if not self.watched_outputs:  # no output node to wait for: end at this backward's end
+    def mark_variable_ready(self, i: int, used: bool) -> None:
+        it = self.iteration
+        it.marked_any = True
+        if not it.output_watched:  # no output node to wait for: end at this backward's end
             self._queue_finalize()
-        if self.counting:  # static_graph's first iteration: count only, all reduced at the end
-            if not self.first_counts[i]:
-                self.ready_order.append(i)
-            self.first_counts[i] += 1
-            self.ready[i] = self.ready[i] or used
+        if it.counting_hooks:  # static_graph's first iteration: count only, all reduced at the end
+            if not it.hook_counts[i]:
+                it.ready_order.append(i)
+            it.hook_counts[i] += 1
+            it.used[i] = it.used[i] or used
             return
-        if self.hooks_left is not None:
-            if self.hooks_left[i] <= 0:
+        if it.hooks_left is not None:
+            if it.hooks_left[i] <= 0:
                 raise RuntimeError(GRAPH_CHANGED)
-            self.hooks_left[i] -= 1
-            if self.hooks_left[i]:
+            it.hooks_left[i] -= 1
+            if it.hooks_left[i]:
                 return  # more hooks will come for this parameter (weight sharing)
-        if self.marked[i]:
+        if it.ready[i]:
             raise RuntimeError(f"{MARKED_TWICE} Parameter: {self.names[i]!r}.")
-        self.marked[i] = True
-        self.require_finalize = True
-        self.ready[i] = used
-        self.ready_order.append(i)
-        bucket = self.layout.buckets[self.layout.bucket_of(i)]
-        bucket.pending -= 1
-        self.complete += bucket.pending == 0
-        self._launch_ready()
+        it.ready[i] = it.require_finalize = True
+        it.used[i] = used
+        it.ready_order.append(i)
+        b = self.layout.bucket_of(i)
+        it.pending[b] -= 1
+        it.complete += it.pending[b] == 0
+        self.launch_ready_buckets()
 
     # ------------------------------------------------------------------ phase 3: launch in order
-    def _launch_ready(self) -> None:
-        """Strictly in index order: bucket i never goes out before bucket i-1."""
-        buckets = self.layout.buckets
-        while self.overlap and self.next_bucket < len(buckets) and buckets[self.next_bucket].pending == 0:
-            self._launch(self.next_bucket)
-            self.next_bucket += 1
-        if self.complete == len(buckets):  # torch's rule: every bucket is ready (out, with overlap)
+    def launch_ready_buckets(self) -> None:
+        """Strictly in index order: bucket b never goes out before bucket b-1."""
+        it, buckets = self.iteration, self.layout.buckets
+        while self.options.overlap and it.next_bucket < len(buckets) and it.pending[it.next_bucket] == 0:
+            self._launch(it, it.next_bucket)
+            it.next_bucket += 1
+        if it.complete == len(buckets):  # torch's rule: every bucket is ready (out, with overlap)
             self._queue_finalize()
         self.observer.poll()
 
-    def _launch(self, b: int) -> None:
+    def _launch(self, it: Iteration, b: int) -> None:
         bucket = self.layout.buckets[b]
         if bucket.sparse:
-            return self._launch_sparse(b, bucket)
+            return self._launch_sparse(it, b, bucket)
         for i in bucket.param_ids:
-            if not self.ready[i]:  # unused this iteration: contribute what .grad holds, or zeros
+            if not it.used[i]:  # unused this iteration: contribute what .grad holds, or zeros
                 p, view = self.params[i], self.layout.views[i]
-                bucket.unused.append((i, p.grad is None))
+                it.unused[b].append((i, p.grad is None))
                 if p.grad is None:
                     view.zero_()
                 elif p.grad.data_ptr() != view.data_ptr():
@@ -256,62 +268,70 @@ class Reducer:
                     p.grad = view
         flags = self.layout.flags(len(self.params)) if b == self.layout.flags_bucket else None
         if flags is not None:
-            ready = [r or s for r, s in zip(self.ready, self.sparse)]  # a sparse gradient is always used
-            self.usage.write(flags, ready)  # minddp.engine.usage
+            used = [u or s for u, s in zip(it.used, self.sparse)]  # a sparse gradient is always used
+            self.usage.write(flags, used)  # minddp.engine.usage
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
-        if self.skip_unused and self.usage.unused_here(bucket):  # the flags only
-            future = _Skipped(self.reduction.reducer(flags) if flags is not None else None)
+        if self.options.skip_unused and self.usage.unused_here(it.unused[b], bucket.param_ids):
+            flags_started = self.reduction.comm(flags) if flags is not None else Started(None)
+            started = Started(_Skipped(flags_started.future), flags_started.work)  # the flags only
         else:
-            future = self.reduction.launch(b)
-        bucket.future = self.observer.launched(b, future, self.reduction.take_work())
+            started = self.reduction.launch(b, it)
+        it.launched[b] = started
+        self.observer.launched(b, started)
 
-    def _launch_sparse(self, b: int, bucket) -> None:
+    def _launch_sparse(self, it: Iteration, b: int, bucket) -> None:
         i = bucket.param_ids[0]
         p = self.params[i]
         if p.grad is None:  # torch's text (mark_variable_ready_sparse)
             raise RuntimeError(f"Expected sparse gradient to be defined. Parameter: {self.names[i]!r}")
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
-        future = self.reduction.launch_sparse(b, p.grad)
-        bucket.future = self.observer.launched(b, future, self.reduction.take_work())
+        it.launched[b] = self.reduction.launch_sparse(b, p.grad)
+        self.observer.launched(b, it.launched[b])
 
     # ------------------------------------------------------------------ phase 4: finalize
-    def finalize(self) -> None:
+    def finalize_backward(self) -> None:
         """Once, at the end of the iteration's backward (queued on the autograd engine): launch
         what is left (unused parameters' buckets, everything under overlap=False or in a
-        static graph's first iteration), wait for every bucket in order. A backward that marked
-        no gradient (autograd.grad of an input: FGSM, a gradient penalty) leaves the iteration
-        open for the backward that will (torch's reducer finalizes only once hooks made it ready)."""
-        if not self.hooks_seen:
-            self.finalize_queued = False
+        static graph's first iteration), wait for every bucket in order, drop the iteration. A
+        backward that marked no gradient (autograd.grad of an input: FGSM, a gradient penalty)
+        leaves the iteration open for the backward that will (torch's reducer finalizes only
+        once hooks made it ready)."""
+        it = self.iteration
+        if it is None:  # (finalized already: nothing is left to do)
             return
-        if self.counting:  # torch's delay_all_reduce: every bucket now
-            self.hook_counts, self.first_counts, self.counting = self.first_counts, None, False
-        self.expect_autograd_hooks = self.require_finalize = False
-        self._reduce_rest_and_wait()
-        self.usage.reduced(self.reduction.usage_flags(len(self.params)), self.ready, self.layout, self.params)
+        if not it.marked_any:
+            it.finalize_queued = False
+            return
+        if it.counting_hooks:  # torch's delay_all_reduce: every bucket now; later iterations count down
+            self.hook_counts = it.hook_counts
+        self.iteration = None  # from here on a hook is outside any iteration
+        self._reduce_rest_and_wait(it)
+        if self.mixed is not None:  # parameters and .grad back in full precision
+            self.mixed.to_full_precision(self.layout)
+        self.usage.reduced(self.reduction.usage_flags(len(self.params)), it.used, it.unused,
+                           self.layout, self.params)
         if not self.rebuilt:  # after the wait's locals are gone, so the old buffers can go
-            self.rebuild(self.ready_order)
+            self.rebuild(it.ready_order)
 
-    def _reduce_rest_and_wait(self) -> None:
+    def _reduce_rest_and_wait(self, it: Iteration) -> None:
         buckets = self.layout.buckets
-        self.observer.backward_end(self.next_bucket)
-        for b in range(self.next_bucket, len(buckets)):
-            self._launch(b)
-        self.next_bucket = len(buckets)
-        scale = self.uneven.grad_scale() if self.uneven is not None else None
+        self.observer.backward_end(it.next_bucket)
+        for b in range(it.next_bucket, len(buckets)):
+            self._launch(it, b)
+        it.next_bucket = len(buckets)
         wire_bytes = 0
         for b, bucket in enumerate(buckets):  # in order; each result lands in its buffer
-            result = bucket.future.wait()
+            result = it.launched[b].future.wait()
             self.observer.done(b)
-            bucket.future = None  # nothing outlives the step (a Work holds its tensors)
+            it.launched[b] = None  # nothing outlives the step (a Work holds its tensors)
             if result is _Skipped:  # skip_all_reduce_unused_params: the gradients stayed home
                 continue
             if bucket.sparse:
-                wire_bytes += self._finish_sparse(bucket, result, scale)
+                wire_bytes += self._finish_sparse(bucket, result, it.grad_scale)
                 continue
             wire_bytes += self.reduction.finish(b, result)
-            if scale is not None:  # averaged over the ranks still training, not the initial world
-                bucket.buffer.mul_(scale)
+            if it.grad_scale is not None:  # averaged over the ranks still training, not the initial world
+                bucket.grads.mul_(it.grad_scale)
             for fn in self.reduced_callbacks:  # e.g. step this bucket's parameters now
                 fn(b)
         self.observer.wait_end(wire_bytes)
@@ -338,16 +358,16 @@ class Reducer:
         """A hook saw .grad None: the gradient is undefined (an autograd.Function returned None).
         torch's reducer reduces zeros in its place: .grad is that average without
         find_unused_parameters; with it the parameter counts as unused here."""
-        if self.expect_autograd_hooks and not self.find_unused:
+        if self.iteration is not None and not self.options.find_unused_parameters:
             view.zero_()
             p.grad = view
 
 
-def _check_sparse_options(options: dict, names: list[str]) -> None:
+def _check_sparse_options(options: Options, names: list[str]) -> None:
     """A sparse gradient is reduced as it is, by the backend's all-reduce or a comm hook."""
-    clash = [f"{k}={options[k]!r}" for k, default in (("shard_optimizer", False), ("compress", None),
-                                                       ("algorithm", "native"), ("optimizer_overlap", False))
-             if options[k] != default]
+    clash = [f"{k}={getattr(options, k)!r}" for k, default in (
+        ("shard_optimizer", False), ("compress", None), ("algorithm", "native"), ("optimizer_overlap", False),
+        ("mixed_precision", None)) if getattr(options, k) != default]
     if clash:
         raise ValueError(f"minddp: {names} produce sparse gradients (sparse=True), which are all-reduced as "
                          f"they are; {', '.join(clash)} works on flat dense buckets only: drop it, or build "

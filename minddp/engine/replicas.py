@@ -21,8 +21,9 @@ from torch import nn
 from ..comm.collectives import broadcast_coalesced
 
 
-def synced_buffers(module: nn.Module, ignored) -> list[torch.Tensor]:
-    return [b for n, b in module.named_buffers() if n not in ignored]
+def named_synced_buffers(module: nn.Module, ignored) -> dict[str, torch.Tensor]:
+    """The buffers that travel, by name (torch's named_module_buffers), re-read each time."""
+    return {n: b for n, b in module.named_buffers() if n not in ignored}
 
 
 def broadcast_buffers(buffers: list[torch.Tensor], group, src: int) -> None:
@@ -33,8 +34,8 @@ def broadcast_buffers(buffers: list[torch.Tensor], group, src: int) -> None:
 def init_sync(ddp, module: nn.Module, buffers: bool) -> None:
     """Every rank starts from the first rank's parameters (and buffers). Flat parameter buffers
     (ZeRO-1's) travel as they are, the rest in coalesced chunks."""
-    flat, rest = ddp.reduction.replicas(module, ddp.ignored_names)  # ignored ones never touched
+    flat, rest = ddp.reduction.replicas(module, ddp.parameters_to_ignore)  # ignored ones never touched
     for t in flat:
         dist.broadcast(t, src=ddp.src_rank, group=ddp.process_group)
-    buffers = synced_buffers(module, ddp.ignored_names) if buffers else []
+    buffers = list(named_synced_buffers(module, ddp.parameters_to_ignore).values()) if buffers else []
     broadcast_coalesced(rest + buffers, ddp.process_group, ddp.src_rank)

@@ -26,40 +26,48 @@ MAX_DEFER = 2  # forwards a usage check may wait for its flags' copy to land, be
 
 
 class UsageFlags:
-    def __init__(self, names: list[str], find_unused_parameters: bool):
-        self.names, self.find_unused = names, find_unused_parameters
-        # find_unused_parameters: got a gradient in a no_sync() micro-step since the last sync
+    """`tolerate_unused`: find_unused_parameters or static_graph (a parameter unused on some rank
+    is allowed, and its .grad restored as torch DDP leaves it); otherwise it is an error."""
+
+    def __init__(self, names: list[str], tolerate_unused: bool):
+        self.names, self.tolerate_unused = names, tolerate_unused
+        # tolerate_unused: got a gradient in a no_sync() micro-step since the last sync
         self.used_unsynced = [False] * len(names)
-        self._pending = collections.deque()  # [host copy, ready, forwards seen]: oldest first
+        self._pending = collections.deque()  # [host copy, used, forwards seen]: oldest first
 
-    def write(self, tail, ready: list[bool]) -> None:
-        if self.find_unused:  # used in the synchronised micro-step or in an earlier no_sync() one
-            ready = [r or u for r, u in zip(ready, self.used_unsynced)]
-        transfer.copy_into(tail, [r == self.find_unused for r in ready])
+    def note_unsynced_use(self, i: int) -> None:
+        """Parameter i got a gradient in a no_sync() micro-step (find_unused_parameters)."""
+        self.used_unsynced[i] = True
 
-    def unused_here(self, bucket) -> bool:
-        """No parameter of the bucket got a gradient on this rank since the last synchronised
-        backward, in no_sync() micro-steps neither (skip_all_reduce_unused_params)."""
-        return len(bucket.unused) == len(bucket.param_ids) and not any(
-            self.used_unsynced[i] for i in bucket.param_ids)
+    def write(self, tail, used: list[bool]) -> None:
+        if self.tolerate_unused:  # used in the synchronised micro-step or in an earlier no_sync() one
+            used = [r or u for r, u in zip(used, self.used_unsynced)]
+        transfer.copy_into(tail, [r == self.tolerate_unused for r in used])
 
-    def reduced(self, tail, ready: list[bool], layout, params) -> None:
-        """The flags are reduced (`tail`: None when this rank holds only a shard of them)."""
+    def unused_here(self, unused: list, param_ids) -> bool:
+        """No parameter of a bucket (`unused`: its unused parameters this iteration) got a gradient
+        on this rank since the last synchronised backward, in no_sync() micro-steps neither
+        (skip_all_reduce_unused_params)."""
+        return len(unused) == len(param_ids) and not any(self.used_unsynced[i] for i in param_ids)
+
+    def reduced(self, tail, used: list[bool], unused: list[list], layout, params) -> None:
+        """The flags are reduced (`tail`: None when this rank holds only a shard of them);
+        `unused[b]`: bucket b's unused parameters this iteration, (index, its .grad was None)."""
         if tail is None:  # reduce-scatter (ZeRO-1): this rank can check its own use only
-            return checks.check_used_here(self.names, ready)
-        if self.find_unused:
+            return checks.check_used_here(self.names, used)
+        if self.tolerate_unused:
             self.used_unsynced = [False] * len(self.names)
-            if any(b.unused for b in layout.buckets):  # only then does a .grad depend on other ranks
-                _restore_grads(transfer.to_host(tail).tolist(), layout, params)
+            if any(unused):  # only then does a .grad depend on other ranks
+                _restore_grads(transfer.to_host(tail).tolist(), unused, layout, params)
             return
-        self._pending.append([transfer.to_host(tail), list(ready), 0])
+        self._pending.append([transfer.to_host(tail), list(used), 0])
 
     def check(self) -> None:
         """At each forward: a parameter some rank left unused is an error, on every rank. Flags
         whose copy has not landed wait for a later forward (at most MAX_DEFER of them)."""
         while self._pending:
             entry = self._pending[0]
-            copy, ready, seen = entry
+            copy, used, seen = entry
             if not copy.landed() and seen < MAX_DEFER:
                 for e in self._pending:
                     e[2] += 1
@@ -68,15 +76,15 @@ class UsageFlags:
             unused = [v != 0 for v in copy.tolist()]  # waits only past MAX_DEFER forwards
             if any(unused):
                 self._pending.clear()
-                checks.unused_parameters_error(self.names, unused, ready)
+                checks.unused_parameters_error(self.names, unused, used)
 
 
-def _restore_grads(flags: list, layout, params) -> None:
+def _restore_grads(flags: list, unused: list[list], layout, params) -> None:
     """.grad as torch DDP leaves it: the averaged view for a parameter used on some rank,
     untouched (None if it was) for one unused everywhere."""
-    for bucket in layout.buckets:
-        for i, grad_was_none in bucket.unused:
+    for per_bucket in unused:
+        for i, grad_was_none in per_bucket:
             if flags[i] != 0:
-                params[i].grad = layout.views[i]
+                params[i].grad = layout.grad_views[i]
             elif grad_was_none:
                 params[i].grad = None

@@ -215,8 +215,14 @@ def _torch_signature(rank, world_size):
                        {n: p.grad for n, p in b.module.named_parameters()})
     with pytest.raises(ValueError, match="device_ids=\\[0\\] only works with a single-device GPU module"):
         minddp.DDP(MLP(), device_ids=[0])
-    with pytest.raises(NotImplementedError, match="mixed_precision"):
+    with pytest.raises(TypeError, match="mixed_precision must be torch's"):
         minddp.DDP(MLP(), mixed_precision=object())
+    delayed = MLP()
+    with pytest.raises(NotImplementedError, match="delay_all_reduce_named_params"):
+        minddp.DDP(delayed, delay_all_reduce_named_params=list(delayed.named_parameters())[:1],
+                   param_to_hook_all_reduce=next(delayed.parameters()))
+    with pytest.raises(ValueError, match="need to be set at the same time"):
+        minddp.DDP(MLP(), param_to_hook_all_reduce=next(delayed.parameters()))
 
 
 def test_torch_ddp_constructor_arguments_are_accepted_in_torchs_order():

@@ -490,7 +490,7 @@ class _InFlight:
 
 
 def _usage_with_copy_landing_after(monkeypatch, flags: list[float], after: int):
-    usage = UsageFlags(["a", "b"], find_unused_parameters=False)
+    usage = UsageFlags(["a", "b"], tolerate_unused=False)
     event = _InFlight(after)
 
     def to_host(tail):
@@ -499,7 +499,7 @@ def _usage_with_copy_landing_after(monkeypatch, flags: list[float], after: int):
         return copy
 
     monkeypatch.setattr(transfer, "to_host", to_host)
-    usage.reduced(torch.tensor(flags), [True, True], None, None)
+    usage.reduced(torch.tensor(flags), [True, True], [], None, None)
     return usage, event
 
 
@@ -524,7 +524,7 @@ def test_usage_flags_still_in_flight_are_waited_for_after_max_defer_forwards(mon
 def test_usage_flags_of_later_backwards_queue_behind_the_first(monkeypatch):
     usage, event = _usage_with_copy_landing_after(monkeypatch, [0.0, 0.0], after=1)
     usage.check()
-    usage.reduced(torch.tensor([0.0, 0.0]), [True, True], None, None)  # the next step's
+    usage.reduced(torch.tensor([0.0, 0.0]), [True, True], [], None, None)  # the next step's
     usage.check()
     usage.check()
     assert event.waits == 0 and not usage._pending

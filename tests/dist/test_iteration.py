@@ -12,6 +12,7 @@ torch's wrapper and with minddp's, and gradients, parameters, buffers and error 
 - register_comm_hook twice: torch's RuntimeError.
 """
 
+import copy
 import dataclasses
 
 import pytest
@@ -330,3 +331,45 @@ def _forward_raises_then_no_sync(rank, world_size):
 def test_a_forward_that_raised_starts_no_iteration():
     per_rank = _as_torch(launch.ranks(_forward_raises_then_no_sync, 2))
     assert not torch.equal(per_rank[0]["minddp"][0], per_rank[1]["minddp"][0])  # local: differs
+
+
+class _Stop(Exception):
+    pass
+
+
+def _backward_interrupted(rank, world_size):
+    """A backward that raised half-way (a caught error in a tensor hook) leaves an iteration whose
+    first gradients were copied into their bucket with the average's 1/n fused in. After torch's
+    "finished reduction" error at the next forward, the iteration after it must average every
+    gradient once: accumulated in place here (zero_grad(set_to_none=False)). Every rank gets the
+    same batch, so the average is the local gradient (a sum would be twice it)."""
+    torch.manual_seed(0)
+    model = minddp.DDP(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)))
+    plain = copy.deepcopy(model.module)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    def stop(grad):
+        raise _Stop
+
+    hidden = model.module[1].register_forward_hook(lambda m, i, out: (out.register_hook(stop), None)[1])
+    try:
+        model(x).sum().backward()  # the last layer's gradients are in the bucket, then the hook raises
+    except _Stop:
+        pass
+    hidden.remove()
+    model.zero_grad(set_to_none=False)
+    errors = []
+    try:
+        model(x)
+    except RuntimeError as e:
+        errors.append("finished reduction" in str(e))
+    model.zero_grad(set_to_none=False)
+    model(x).sum().backward()
+    plain(x).sum().backward()
+    pairs = zip(model.parameters(), plain.parameters())
+    return errors, [(a.grad - b.grad).abs().max().item() for a, b in pairs]
+
+
+def test_an_iteration_abandoned_half_way_leaves_nothing_to_the_next():
+    for errors, diffs in launch.ranks(_backward_interrupted, 2):
+        assert errors == [True]
+        assert max(diffs) < 1e-6, diffs

@@ -168,8 +168,9 @@ NOT_SELECTED = {
 # reducer (`reducer`, its error texts, its timings in `_get_ddp_logging_data`), private methods.
 
 
-_MIXED = ("torch's experimental mixed_precision=_MixedPrecision(...) (a private prototype; the test reads "
-          "p._mp_param/p._fp_param): minddp refuses the argument by name (not implemented)")
+_MIXED = ("torch's experimental mixed_precision=_MixedPrecision(...): minddp implements it "
+          "(tests/dist/test_mixed_precision.py), but the test reads torch's private p._mp_param/p._fp_param "
+          "(and on the CPU torch's own records a stream event and fails)")
 
 
 _IN_BACKWARD = ("torch's private _apply_optimizer_in_backward: torch DDP finds param._in_backward_optimizers "
@@ -187,7 +188,6 @@ _REDUCER_TEXT = ("the exact text of torch's C++ reducer error (parameter indices
 
 
 EXPECTED_FAIL: dict[str, str] = {
-    "test_static_graph_api_cpu": "ddp._set_static_graph() (private) and its error text",
     "test_ddp_logging_data_cpu": "_set_ddp_runtime_logging_sample_rate (private), then the C++ reducer's "
                                  "timings in _get_ddp_logging_data() (minddp gives the fields with a "
                                  "meaning here: docs/torch_ddp_tests.md)",
@@ -204,8 +204,6 @@ EXPECTED_FAIL: dict[str, str] = {
     "test_ddp_native_mixed_precision_no_grad_as_bucket_view_set_grad_to_none": _MIXED,
     "test_ddp_profiling_torch_profiler": "the reducer's search_unused_parameters profiler range (the "
                                          "collectives' profiler events it checks first are there)",
-    "test_ddp_sync_module_states": "net.broadcast_bucket_size, fed to the private "
-                                   "torch.distributed.utils._sync_module_states",
     "test_ddp_uneven_inputs": "net._authoritative_rank (private) (its first case's uneven-input "
                               "training runs up to it; throw_on_early_termination: tests/dist/test_join.py)",
     "test_ddp_uneven_input_join_disable": "net._join_config, torch's Joinable internals (the training "

@@ -122,24 +122,24 @@ def _rebuild_releases(rank, world_size, sharded):
     else:
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     old = ddp.layout
-    refs = [weakref.ref(t) for t in (old.flat_params or []) + [b.buffer for b in old.buckets]]
+    refs = [weakref.ref(t) for t in [*(old.flat_params or ()), *(b.buffer for b in old.buckets)]]
     old_buckets = [weakref.ref(b) for b in old.buckets]
     del old
     import minddp.engine.reducer as engine  # where the reducer builds its layouts
 
-    alive_at_rebuild, real_layout = [], engine.Layout
+    alive_at_rebuild, real_build = [], engine.Layout.build
 
     def spy(*args, **kwargs):  # the new layout is being built: the old one must be gone already,
         gc.collect()  # but for the gradients still in its buffers (each goes once moved)
         alive_at_rebuild.append(sum(r() is not None for r in old_buckets))
-        return real_layout(*args, **kwargs)
+        return real_build(*args, **kwargs)
 
-    engine.Layout = spy
+    engine.Layout.build = spy
     x = torch.randn(4, 8)
     try:
         ddp(x).square().mean().backward()
     finally:
-        engine.Layout = real_layout
+        engine.Layout.build = real_build
     assert alive_at_rebuild == [0], alive_at_rebuild  # (a live bucket would keep its whole buffer)
     assert ddp.layout_version == 2  # rebuilt in the observed order
     gc.collect()  # (a reference cycle elsewhere in the process may hold one until the next collection)

@@ -46,14 +46,19 @@ def test_the_engine_is_found_where_it_lives():
 
 
 def test_the_engine_keeps_one_reducer_and_a_thin_wrapper():
-    """Split by concern: the iteration (flags, buckets, launch order, finalize) is the reducer's,
-    the wrapper only forwards, registers hooks and answers torch's API (no per-iteration flag)."""
+    """Split by concern: the iteration's phases are the reducer's, what lives for one backward is
+    the Iteration's; the wrapper only forwards, registers hooks and answers torch's API."""
     ddp = (PKG / "engine" / "ddp.py").read_text()
-    for flag in ("expect_autograd_hooks", "finalize_queued", "next_bucket", "ready_order"):
-        assert flag not in ddp.split('"""', 2)[2], f"ddp.py holds the iteration's {flag}: the reducer's"
+    for flag in ("finalize_queued", "next_bucket", "ready_order", "hooks_left"):
+        assert flag not in ddp.split('"""', 2)[2], f"ddp.py holds the iteration's {flag}: the Iteration's"
     reducer = (PKG / "engine" / "reducer.py").read_text()
-    for phase in ("def prepare_for_backward", "def autograd_hook", "def _launch_ready", "def finalize"):
+    for phase in ("def prepare_for_backward", "def autograd_hook", "def mark_variable_ready",
+                  "def launch_ready_buckets", "def finalize_backward"):
         assert phase in reducer, phase
+    iteration = (PKG / "engine" / "iteration.py").read_text()
+    for state in ("self.used", "self.ready", "self.pending", "self.launched", "self.unused",
+                  "self.next_bucket"):
+        assert state in iteration, state
 
 
 def _imported(path) -> set[str]:

@@ -74,7 +74,7 @@ def test_rejects_nonpositive_cap():
 
 def test_flat_buffer_views_cover_parameters_and_tail():
     params = [torch.zeros(2, 3), torch.zeros(4), torch.zeros(5)]
-    buckets = Layout(params, [[2, 1], [0]], tail_numel=3).buckets
+    buckets = Layout.build(params, [[2, 1], [0]], tail_numel=3).buckets
     assert buckets[0].buffer.numel() == 9 and buckets[1].buffer.numel() == 6 + 3
     v = buckets[1].view(0, params[0].shape)
     v.fill_(7)
