@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from minddp.parallel.agent import stop_with_agent
-from minddp.parallel.dist import env_ranks, exit_worker, shutdown, wait_for_peers
+from minddp.parallel.dist import env_rank, env_ranks, exit_worker, shutdown, wait_for_peers
 from minddp.train.config import ConfigError, register, unknown_key_hint, value_hint
 from minddp.train.io import run_dir as run_dirs
 from minddp.train.metrics import flight_recorder
@@ -47,7 +47,7 @@ def main(cfg: DictConfig) -> None:
     if _raise_hydra_errors:  # from here on errors are the run's own: Hydra reports them its usual way
         os.environ.pop("HYDRA_FULL_ERROR", None)
     run_dir = HydraConfig.get().runtime.output_dir
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    rank = env_rank()
     as_given = OmegaConf.to_container(cfg)  # .hydra/config.yaml: before setup records the data's values
     try:
         trainer = Trainer(cfg, run_dir)  # Hydra made run_dir (conf/: hydra.run.dir, hydra.callbacks)
@@ -115,7 +115,7 @@ def run() -> None:
     errors are reported Hydra's usual way. A HYDRA_FULL_ERROR you set yourself gets Hydra's trace."""
     global _raise_hydra_errors
     stop_with_agent("its checkpoints are whole: train.resume=auto continues the run")  # under torchrun
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    rank = env_rank()
     if "HYDRA_FULL_ERROR" not in os.environ:
         os.environ["HYDRA_FULL_ERROR"] = _raise_hydra_errors = "1"
     try:

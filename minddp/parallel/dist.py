@@ -65,6 +65,17 @@ def env_ranks(env=None) -> tuple[int, int, int]:
     return 0, 0, 1
 
 
+def env_rank(env=None) -> str:
+    """This process's rank for a message ("[rank r] ..."): env_ranks' rank, and where the launch
+    environment is incomplete or malformed (env_ranks' own error says so), RANK or SLURM_PROCID as
+    set: the message must still be printed."""
+    env = os.environ if env is None else env
+    try:
+        return str(env_ranks(env)[0])
+    except ConfigError:
+        return env.get("RANK") or env.get("SLURM_PROCID") or "0"
+
+
 def select_device(local_rank: int, device: str, cuda_available: bool, device_count: int) -> torch.device:
     """The device for this process, from what is visible (pure: the counts are passed in).
     One visible GPU is this process's whatever its LOCAL_RANK: `srun --gpus-per-task=1` (or a

@@ -27,6 +27,7 @@ from torch import nn
 
 from .. import _compat
 from ..engine.ddp import DistributedDataParallel
+from ..engine.options import DEFAULT_BUCKET_CAP_MB
 from ..optim.overlap import OverlappedOptimizer
 from ..optim.zero import ShardedOptimizer
 from .clock import PhaseClock, interleaved, sync, timed
@@ -131,7 +132,7 @@ def interleaved_phases(configs, x, rounds: int, per_round: int) -> list[list[flo
 def optimizer_section(base, x, repeats: int, rounds: int, per_round: int) -> list[dict]:
     """Per AdamW setup: step time against minddp DDP and torch DDP (ratios of medians, one per
     repeat), forward / backward / optimizer-step medians, optimizer-state bytes on each rank."""
-    configs = optimizer_configs(base, 25.0)
+    configs = optimizer_configs(base, DEFAULT_BUCKET_CAP_MB)
     rows = [{"label": label, "vs_minddp": [], "vs_torch": [], "phases": [], "state": state_bytes(opt)}
             for label, _, opt in configs]
     for _ in range(repeats):

@@ -7,7 +7,6 @@ Each tool is one module here with a `main()` that reads `sys.argv`; only the cho
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from minddp.errors import ConfigError
@@ -52,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         module.main()
     except ConfigError as e:  # e.g. more nccl ranks than GPUs: one line and exit 2 on every rank
-        rank = os.environ.get("RANK", "0")
-        sys.stderr.write(f"[rank {rank}] minddp {name}: configuration error: {e}\n")  # one write
+        from ..parallel.dist import env_rank  # (torch: imported once a tool ran, never for --help)
+
+        sys.stderr.write(f"[rank {env_rank()}] minddp {name}: configuration error: {e}\n")  # one write
         raise SystemExit(2) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine.options import DEFAULT_BUCKET_CAP_MB
 from ..perf import costmodel as cm
 from ..perf.costmodel import DTYPE_BYTES, PRESETS, Calibration, Fabric, inter_node_bytes  # noqa: F401
 from ..perf.explain import (  # noqa: F401  (0.3's minddp.costmodel names, minddp/_moved.py)
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--params", type=size, required=True)
             p.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_BYTES))
             p.add_argument("--world", type=positive_int, required=True)
-            p.add_argument("--bucket-mb", type=positive_float, default=25.0)
+            p.add_argument("--bucket-mb", type=positive_float, default=DEFAULT_BUCKET_CAP_MB)
             p.add_argument("--compute-ms", type=nonnegative_float,
                            help="measured forward+backward time per step")
     sub.add_parser("presets", help="the fabric presets (--preset NAME): alpha and beta of each")

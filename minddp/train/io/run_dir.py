@@ -24,6 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from ...errors import ConfigError
+from ...parallel.dist import env_rank
 
 
 def check_writable(run_dir: str) -> None:
@@ -56,8 +57,7 @@ class CheckRunDir(Callback):
         try:
             check_writable(run_dir)
         except ConfigError as e:
-            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-            sys.stderr.write(f"[rank {rank}] minddp: configuration error: {e}\n")
+            sys.stderr.write(f"[rank {env_rank()}] minddp: configuration error: {e}\n")
             sys.exit(2)  # SystemExit passes Hydra's error handler, which would print a traceback
 
 

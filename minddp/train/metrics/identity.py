@@ -18,6 +18,8 @@ import torch
 
 import minddp
 
+from ...engine.options import DEFAULT_BUCKET_CAP_MB
+
 SOURCE = Path(minddp.__file__).resolve().parents[1]  # the checkout minddp runs from
 
 
@@ -80,6 +82,7 @@ def run_name(cfg, ident: dict) -> str:
     if cfg.wandb.name:
         return cfg.wandb.name
     weak = "-weak" if ident["scaling"] == "weak" else ""
+    cap = cfg.ddp.bucket_cap_mb or DEFAULT_BUCKET_CAP_MB
     return (f"{cfg.model.name}-ws{ident['world_size']}-dp{ident['dp']}-tp{ident['tp']}"
-            f"-mb{cfg.train.micro_batch_size}-cap{cfg.ddp.bucket_cap_mb or 25:g}-{ident['variant']}{weak}"
+            f"-mb{cfg.train.micro_batch_size}-cap{cap:g}-{ident['variant']}{weak}"
             f"-r{ident['repeat']}")
