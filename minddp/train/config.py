@@ -283,8 +283,6 @@ def validate(cfg, world_size: int) -> dict:
         raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
     if cfg.wandb.repeat < 0:
         raise ConfigError(f"wandb.repeat must be >= 0, got {cfg.wandb.repeat}")
-    if not cfg.wandb.init_timeout > 0:  # NaN too; inf: _non_finite
-        raise ConfigError(f"wandb.init_timeout must be > 0 seconds, got {cfg.wandb.init_timeout}")
     for problem in [*_unknown_keys(cfg), *_non_finite(cfg), *_setting_problems(cfg), *_data_problems(cfg)]:
         raise ConfigError(problem)
     return {"dims": dims, "accum": accum, "global_batch": global_batch}
@@ -413,6 +411,8 @@ def _setting_problems(cfg):
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,
                                d.find_unused_parameters, d.optimizer_overlap, config=True)  # the engine's
+    if not cfg.wandb.init_timeout > 0:  # after _non_finite, which names nan and inf
+        yield f"wandb.init_timeout must be > 0 seconds, got {cfg.wandb.init_timeout}"
     if d.optimizer_overlap and (o.grad_clip > 0 or t.on_nonfinite == "skip"):
         yield (f"ddp.optimizer_overlap=true needs optim.grad_clip=0 train.on_nonfinite=stop (add both; got "
                f"{o.grad_clip} and {t.on_nonfinite}): it steps each bucket before the global gradient norm "

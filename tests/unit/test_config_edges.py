@@ -21,7 +21,7 @@ register()
     (["model.vocab_size=0"], "model.vocab_size and model.n_layer must be >= 1"),
     (["data.val_fraction=0"], "data.val_fraction must be in (0, 1)"),
     (["wandb.init_timeout=0"], "wandb.init_timeout must be > 0 seconds, got 0.0"),
-    (["wandb.init_timeout=nan"], "wandb.init_timeout must be > 0 seconds, got nan"),
+    (["wandb.init_timeout=nan"], "wandb.init_timeout=nan is not a finite number"),
     (["wandb.init_timeout=inf"], "wandb.init_timeout=inf is not a finite number"),
 ])
 def test_settings_that_would_fail_later_or_train_on_nothing_are_refused(overrides, message):
