@@ -96,7 +96,7 @@ bench-trainer: install  ## the trainer's step vs bare torch-DDP loops: docs/benc
 # torch.distributed.checkpoint (save, async_save), rotated in one run; 50M GPT, dp 2, ZeRO-1
 bench-checkpoint: install  ## what a checkpoint costs the step, rank 0's memory, whole runs: docs/bench_checkpoint*.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 scripts/bench_checkpoint.py --out docs/bench_checkpoint.md
-	$(BIN)/python scripts/bench_checkpoint_runs.py --out docs/bench_checkpoint_runs.md
+	$(BIN)/python scripts/bench_checkpoint_runs.py --variants none,defaults,file --out docs/bench_checkpoint_runs.md
 
 # per-collective cost of torch's flight recorder (off/on, alternately) and DETAIL fingerprints
 bench-debug: install  ## what torch's flight recorder costs per collective

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..train import hf_gpt2
-from ..train.checkpoint import all_checkpoints, is_checkpoint_folder
+from ..train.checkpoint import all_checkpoints, format_of, is_checkpoint_folder
 from ..train.generate import SampleError, read_checkpoint
 from .arguments import tool_parser
 
@@ -68,12 +68,7 @@ def check_destination(dest: Path) -> None:
 
 def write_torch_file(path: Path, out: Path) -> None:
     """One torch.save file of a checkpoint: torch's own converter for a folder, a copy of a file."""
-    if path.is_dir():
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        dcp_to_torch_save(path, out)
-    else:
-        shutil.copyfile(path, out)
+    format_of(path).to_torch_file(path, out)
 
 
 def export(path: Path, state: dict, dest: Path, torch_file: bool) -> None:

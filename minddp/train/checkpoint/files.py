@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -104,6 +105,10 @@ class FileCheckpoints:
                 raise read_error(path, e) from e
             raise
         return checked(path, state)
+
+    def to_torch_file(self, path, out: Path) -> None:
+        """One torch.save file of the whole checkpoint (minddp export): this is one already."""
+        shutil.copyfile(path, out)
 
     # ------------------------------------------------------------------------- delete
     def delete(self, path: Path, pause=None) -> None:

@@ -157,6 +157,12 @@ class FolderCheckpoints:
             raise unreadable(path, e) from None
         return checked(path, state)
 
+    def to_torch_file(self, path, out: Path) -> None:
+        """One torch.save file of the whole checkpoint (minddp export): torch's own converter."""
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dcp_to_torch_save(path, out)
+
     # ------------------------------------------------------------------------- delete
     def delete(self, path: Path, pause=None) -> None:
         store.discard(path, pause)
