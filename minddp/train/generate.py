@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from .build import build_model
 from .checkpoint import all_checkpoints, is_checkpoint_folder
 from .checkpoint import load as load_checkpoint
+from .checkpoint.files import ZIP_MAGIC
 from .data.tokens import read_meta
 
 KNOWN_VOCABS = {50_257: "GPT-2", 50_304: "GPT-2 (padded)", 128_256: "llama-3"}
@@ -113,7 +114,6 @@ def codec_for(cfg: dict, run_dir: Path, override: str | None) -> tuple[Codec | N
                   "tokenizer.json there (GPT-2's: the Hugging Face Hub's gpt2/tokenizer.json) to see text")
 
 
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's files are zip archives (since torch 1.6); minddp writes no other
 
 
 def not_torch_save(path: Path) -> str | None:

@@ -43,6 +43,16 @@ def test_auto_with_every_checkpoint_unreadable_stops_naming_each_and_touching_no
     assert snapshot(paths) == before
 
 
+def test_a_junk_newest_file_is_named_without_torchs_advice_to_drop_weights_only(tmp_path):
+    paths = _run_with_checkpoints(tmp_path)
+    paths[2].write_bytes(os.urandom(4096))  # not a zip: torch's refusal would advise weights_only=False
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(paths[2], "cpu")
+    assert str(e.value) == f"checkpoint {paths[2]} is unreadable (truncated or corrupt): not a file torch.save wrote"
+    path, state = checkpoint.resolve(tmp_path, "auto", "cpu")  # named in a warning, the previous one used
+    assert path == paths[1] and state["step"] == 4
+
+
 @pytest.mark.parametrize("error,raised", [
     (OSError(errno.EIO, "Input/output error"), "CheckpointReadError"),  # an OSError, named
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), torch.OutOfMemoryError),

@@ -41,6 +41,7 @@ from .errors import (
 
 log = logging.getLogger("minddp")
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives (since torch 1.6); minddp writes no other
 KEYS = ("model", "optimizer", "scheduler", "step")  # what any reader needs (minddp sample: model)
 _LEGACY_TMP = ".ckpt_*.pt.tmp*"  # minddp before atomic_open wrote `.ckpt_<step>.pt.tmp<pid>-<hex>`
 
@@ -139,6 +140,12 @@ def _not_a_file(path) -> str | None:
         return f"checkpoint {p} is a symlink to {os.readlink(p)}, which does not exist"
     if p.is_dir():
         return f"checkpoint {p} is a folder, not a checkpoint file"
+    try:  # before torch reads it: torch's refusal of a non-zip file advises weights_only=False
+        with open(p, "rb") as f:
+            if f.read(len(ZIP_MAGIC)) not in (ZIP_MAGIC, b""):  # empty: torch's EOFError says so
+                return f"checkpoint {p} is unreadable (truncated or corrupt): not a file torch.save wrote"
+    except OSError:  # a failed read: torch.load meets it again and it is reported as one
+        pass
     return None
 
 
