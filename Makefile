@@ -151,7 +151,7 @@ gpu-check:  ## on a CUDA machine (< 10 min): PASS/FAIL/SKIP per item, gpu_check/
 	  scripts/gpu_check.py --out gpu_check
 
 # on a connected machine: what gpu-check and training need besides torch, for a GPU node without
-# internet (a few MB; WHEEL_PYTHONS: the node's Python versions; WHEEL_EXTRAS='numpy tokenizers wandb')
+# internet (a few MB; WHEEL_PYTHONS: the node's Python versions; WHEEL_EXTRAS='numpy tokenizers wandb safetensors')
 WHEEL_PYTHONS ?= 3.10 3.11 3.12 3.13
 WHEEL_EXTRAS ?=
 wheelhouse:  ## minddp's dependencies (never torch) in wheelhouse/, for make gpu-check on an offline node

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE = ["hydra-core>=1.3,<1.4", "omegaconf>=2.2,<2.4", "antlr4-python3-runtime==4.9.*", "packaging",
         "tqdm>=4.60", "setuptools>=68", "wheel"]
 COMPILED = ["PyYAML>=5.1"]  # omegaconf's
-EXTRAS = {"numpy": "numpy", "tokenizers": "tokenizers==0.23.3", "wandb": "wandb>=0.17"}
+EXTRAS = {"numpy": "numpy", "tokenizers": "tokenizers==0.23.3", "wandb": "wandb>=0.17",
+          "safetensors": "safetensors>=0.4"}  # safetensors: minddp export, model.init_from
 PLATFORMS = {"x86_64": ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"],
              "aarch64": ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"]}
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..perf.runs import lines, study_group
 from ..train.metrics.tracking import resolve_wandb_mode
+from ..train.metrics.wandb_run import INIT_TIMEOUT_S
 
 TITLES = {"tokens_per_s": ("tokens/s vs world size (ideal: linear from the smallest world)", "tokens / s"),
           "efficiency": ("scaling efficiency vs world size", "efficiency"),
@@ -41,12 +42,13 @@ def log(folder, runs: list[dict], swept: list[str], head: list[str], rows: list[
         return mode
     # one report run per study: the same id every time (the end of `minddp scaling`, then `minddp report
     # DIR --wandb` again), so W&B updates that run rather than adding a second one to the group
-    run = wandb.init(project=project, group=group, job_type="report", name=f"report-{group}", mode=mode,
-                     id=re.sub(r"[^\w-]", "-", f"report-{group}")[:64], resume="allow",
-                     dir=str(folder), tags=["report", *sorted({r["scaling"] for r in runs})],
-                     config={"folder": str(folder), "runs": len(runs), "swept": swept,
-                             "scaling": sorted({r["scaling"] for r in runs})},
-                     settings=wandb.Settings(quiet=True, silent=True))  # our own line says where
+    run, mode = start(folder, dict(
+        project=project, group=group, job_type="report", name=f"report-{group}",
+        id=re.sub(r"[^\w-]", "-", f"report-{group}")[:64], resume="allow",
+        dir=str(folder), tags=["report", *sorted({r["scaling"] for r in runs})],
+        config={"folder": str(folder), "runs": len(runs), "swept": swept,
+                "scaling": sorted({r["scaling"] for r in runs})},
+        settings=wandb.Settings(quiet=True, silent=True, init_timeout=INIT_TIMEOUT_S)), mode)
     logged = {"report/table": wandb.Table(columns=head, data=[[str(c) for c in row] for row in rows])}
     for key, (xs, ys, names) in lines(runs, swept).items():
         logged[f"report/{key}"] = wandb.plot.line_series(xs=xs, ys=ys, keys=names, title=TITLES[key][0],
@@ -58,6 +60,22 @@ def log(folder, runs: list[dict], swept: list[str], head: list[str], rows: list[
     print(f"W&B report run ({mode}): group {group}, job_type report"
           + (f"; upload the study: {upload_command(folder)}" if mode == "offline" else ""))
     return mode
+
+
+def start(folder, kwargs: dict, mode: str):
+    """(run, mode): wandb.init; an online run that a server answering the probe does not start
+    within wandb.init_timeout's default starts offline instead, in one line (as a training run's)."""
+    import wandb
+
+    try:
+        return wandb.init(mode=mode, **kwargs), mode
+    except Exception as e:  # noqa: BLE001 - wandb's CommError on a timeout, and its other errors
+        if mode != "online":
+            raise
+        print(f"W&B: no online report run within {INIT_TIMEOUT_S:g} s ({type(e).__name__}); logging it "
+              f"offline instead; upload later with {upload_command(folder)}")
+        wandb.teardown()  # W&B's service still holds the run's id for the online attempt
+        return wandb.init(mode="offline", **kwargs), "offline"
 
 
 def upload_command(folder) -> str:

@@ -171,3 +171,28 @@ def test_identity_names_differ_by_variant_and_repeat():
     names = {identity.run_name(cfg, {"world_size": 2, "dp": 2, "tp": 1, "variant": v, "repeat": k,
                                      "scaling": "strong"}) for v in ("ddp", "zero1") for k in (0, 1)}
     assert len(names) == 4 and "gpt-ws2-dp2-tp1-mb4-cap25-zero1-r1" in names
+
+
+def test_the_report_run_starts_offline_when_an_online_start_times_out(tmp_path, monkeypatch, capsys):
+    """minddp report --wandb: a server that answers the probe but does not start the run within
+    wandb_run.INIT_TIMEOUT_S gets one line and an offline run, never W&B's 90 s and no record."""
+    import wandb
+
+    from minddp.tools import wandb_report
+
+    calls = []
+
+    def init(mode, **kwargs):
+        calls.append((mode, kwargs["settings"].init_timeout))
+        if mode == "online":
+            raise wandb.errors.CommError("Run initialization has timed out after 30.0 sec.")
+        return "offline run"
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "teardown", lambda: calls.append("teardown"))
+    settings = wandb.Settings(quiet=True, init_timeout=wandb_report.INIT_TIMEOUT_S)
+    assert wandb_report.start(tmp_path, {"settings": settings}, "online") == ("offline run", "offline")
+    assert calls == [("online", 30.0), "teardown", ("offline", 30.0)]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("W&B: no online report run within 30 s (CommError); logging it offline") and \
+        "wandb sync" in line
