@@ -84,15 +84,16 @@ launch() {
 head_addr() {
     [ "$SLURM_JOB_ID" = @SLURM_JOB_ID@ ] && { echo @HEAD_ADDR@; return; }  # a dry run outside a job
     local head addr
-    head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+    job_nodes
+    head=${JOB_NODES[0]}
     addr=$(scontrol show node "$head" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
-    [ -n "$addr" ] || addr=$(getent hosts "$head" | awk '{print $1; exit}')
+    [ -n "$addr" ] || addr=$(getent hosts "$head" | awk 'NR == 1 {print $1}')
     case "$addr" in
         127.*|::1|localhost)
             # Loopback only works when every node of the job is this same host (a test
             # cluster); on a real cluster the other nodes would dial themselves.
             local hosts
-            hosts=$(for n in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+            hosts=$(for n in "${JOB_NODES[@]}"; do
                         scontrol show node "$n" | sed -n 's/.*NodeHostName=\([^ ]*\).*/\1/p'
                     done | sort -u | wc -l)
             if [ "$hosts" -gt 1 ]; then
@@ -107,7 +108,17 @@ head_addr() {
 # first_nodes N: the job's first N node names, comma-separated
 first_nodes() {
     [ "$SLURM_JOB_ID" = @SLURM_JOB_ID@ ] && { echo @NODES@; return; }  # a dry run outside a job
-    scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$1" | paste -sd,
+    job_nodes
+    (IFS=,; echo "${JOB_NODES[*]:0:$1}")
+}
+
+# job_nodes: the job's node names into the array JOB_NODES. Read whole: under pipefail,
+# `scontrol ... | head -n1` fails the job whenever head closes the pipe before scontrol has
+# written its last line (SIGPIPE, exit 141).
+job_nodes() {
+    mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    [ "${#JOB_NODES[@]}" -gt 0 ] || {
+        echo "minddp: scontrol show hostnames '$SLURM_JOB_NODELIST' named no node" >&2; exit 1; }
 }
 
 # run_with_requeue CMD...: run CMD in the background; on SIGUSR1 (sent by

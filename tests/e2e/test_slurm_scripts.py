@@ -140,3 +140,16 @@ def test_the_manual_script_trains_on_one_node_with_two_processes(tmp_path):
     env = {"HEAD": "127.0.0.1", "NNODES": "1", "NPROC_PER_NODE": "2", "PORT": str(free_port()),
            "JOB_ID": uuid.uuid4().hex[:8], "MINDDP_RUN_DIR": str(run_dir), "WANDB_MODE": "disabled"}
     _trained_with_two_processes(run_dir, run_script(MANUAL, ARGS, env, timeout=240))
+
+
+def test_a_large_allocation_names_its_first_nodes_without_failing_on_a_closed_pipe():
+    """The node list is read whole: `scontrol show hostnames | head -n1` under pipefail ended a
+    job with SIGPIPE (exit 141) whenever head left before scontrol's last line (seen on 4 nodes;
+    certain on 20000, whose names overflow the pipe's buffer)."""
+    sweep = ROOT / "slurm" / "sweep.sbatch"
+    job = slurm_job_env(sbatch_options(sweep, ["--nodes=20000"]), job_id=56, task=0)
+    p = run_script(sweep, [], {**job, "SWEEP_KEY": "layout", "SWEEP_VALUES": "3x2",
+                               "FAKE_SLURM_NODEADDR": "10.0.0.7"}, dry=True)
+    before, torchrun = launcher(dry_run_line(p))
+    assert "--nodelist=n1,n2,n3" in before, before
+    assert "--rdzv_endpoint=10.0.0.7:29556" in torchrun, torchrun
