@@ -214,9 +214,10 @@ class Trainer:
                 if stop:
                     break
         finally:
+            # first, nothing that could raise before it: a save in flight committed or removed, said
+            self.checkpoints.end()
             if profiler:
                 profiler.stop()
-            self.checkpoints.end()  # a save in flight on the way out: committed or removed, said
             if self.info.is_main:
                 self.tracker.info(self.checkpoints.usage())
             self.tracker.close()

@@ -109,14 +109,14 @@ def resolve_agreed(run_dir, resume: str, device, accept=None) -> tuple[Path | No
     caching, ranks listing the directory themselves could resume from different steps. Any
     failure, on any rank, is raised on every rank (never a rank waiting for a dead peer)."""
     single = not dist.is_initialized() or dist.get_world_size() == 1
-    if single or dist.get_rank() == 0:
-        remove_crash_leftovers(run_dir)
     if single:
+        remove_crash_leftovers(run_dir)
         return resolve(run_dir, resume, device, accept)
     path, state, error = None, None, None
     choice = [None]
     if dist.get_rank() == 0:
-        try:
+        try:  # rank 0's failures, the clean-up's included, reach every rank (never a peer left waiting)
+            remove_crash_leftovers(run_dir)
             path, state = resolve(run_dir, resume, device, accept)
             choice = [str(path) if path else None]
         except Exception as e:  # noqa: BLE001 - reported on every rank below

@@ -34,7 +34,12 @@ def remove_crash_leftovers(run_dir) -> list[Path]:
     and the temporary files of metrics.jsonl and run.json. Rank 0, at start-up."""
     removed = FILE.leftovers(run_dir) + FOLDER.leftovers(run_dir)
     for p in store.trash_left(run_dir):
-        store.remove(p)
+        try:
+            store.remove(p)
+        except OSError as e:  # no longer listed: harmless, and never a reason not to start
+            log.warning(f"could not remove {p} ({e.strerror or e}), a checkpoint whose deletion was "
+                        "interrupted (train.ckpt_keep); no resume reads it: remove it by hand")
+            continue
         log.warning(f"removed {p}, a checkpoint whose deletion was interrupted (train.ckpt_keep)")
     removed += remove_orphans(run_dir, "metrics.jsonl") + remove_orphans(run_dir, "run.json")
     for p in removed:

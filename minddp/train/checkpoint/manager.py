@@ -11,12 +11,17 @@ checkpoints, not training.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import torch.distributed as dist
 
 from . import store
 from .folders import BackgroundSave
 from .formats import FORMATS, background_saves
 from .retention import Retention
+
+log = logging.getLogger("minddp")
 
 
 class CheckpointManager:
@@ -62,7 +67,12 @@ class CheckpointManager:
         if dist.get_rank() != 0:
             return
         pause = lambda: self.pause("checkpoint_delete", step)  # noqa: E731
-        deleted = self.retention.apply(self.run_dir, path, pause)
+        try:
+            deleted = self.retention.apply(self.run_dir, path, pause)
+        except Exception as e:  # noqa: BLE001 - rank 0 alone, after the last collective: never raise here
+            log.warning(f"retention: nothing deleted after {Path(path).name} "
+                        f"({type(e).__name__}: {e}); every checkpoint is kept and the run goes on")
+            return
         if deleted:
             self.say(f"removed {', '.join(p.name for p in deleted)} ({self.retention.describe()})")
 
