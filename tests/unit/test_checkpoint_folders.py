@@ -47,3 +47,35 @@ def test_start_up_puts_a_whole_folder_whose_rename_was_cut_in_place_and_removes_
     assert sorted(p.name for p in d.iterdir()) == ["ckpt_00000006"]
     assert sorted(p.name for p in removed) == [".ckpt_00000006.old-0000ef01", ".ckpt_00000007.tmp-12345678"]
     assert folders.load_folder(d / "ckpt_00000006", "cpu")["step"] == 6
+
+
+def test_a_same_step_save_that_fails_keeps_the_folder_it_was_replacing(tmp_path, monkeypatch):
+    """publish sets the old folder aside, then renames the new one in: a failure between the two
+    (or a crash, the new one not whole) once left the step with no checkpoint at all."""
+    d = tmp_path / "checkpoints"
+    write_folder(d / "ckpt_00000006", {"model": {"w": torch.ones(3)}, "step": 6})
+    new = d / ".ckpt_00000006.tmp-0000abcd"
+    write_folder(new, {"model": {"w": torch.zeros(3)}, "step": 6})
+    (new / "integrity.json").unlink()
+    real_rename = type(new).rename
+
+    def refused(self, target):
+        if self == new:
+            raise OSError(5, "Input/output error")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(type(new), "rename", refused)
+    try:
+        folders.publish(new, d / "ckpt_00000006", {})
+        raise AssertionError("the failed rename was not raised")
+    except OSError:
+        pass
+    monkeypatch.undo()
+    assert torch.equal(folders.load_folder(d / "ckpt_00000006", "cpu")["model"]["w"], torch.ones(3))
+
+    aside = d / ".ckpt_00000006.old-0000ef01"  # a kill between the renames, the new one cut short
+    (d / "ckpt_00000006").rename(aside)
+    (new / "integrity.json").unlink()
+    assert remove_crash_leftovers(tmp_path) == [new]
+    assert sorted(p.name for p in d.iterdir()) == ["ckpt_00000006"]
+    assert torch.equal(folders.load_folder(d / "ckpt_00000006", "cpu")["model"]["w"], torch.ones(3))

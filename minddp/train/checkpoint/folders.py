@@ -169,7 +169,8 @@ class FolderCheckpoints:
 
     def leftovers(self, run_dir) -> list[Path]:
         """Saves a crash interrupted (`.ckpt_<step>.tmp-<id>/`: put in place when only the rename
-        was missing) and folders a same-step save replaced (`.ckpt_<step>.old-<id>/`)."""
+        was missing) and folders a same-step save set aside (`.ckpt_<step>.old-<id>/`: removed, or
+        put back where the save that replaced them did not finish)."""
         d = store.checkpoint_dir(run_dir)
         if not d.is_dir():
             return []
@@ -181,8 +182,11 @@ class FolderCheckpoints:
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
         for p in sorted(d.glob(".ckpt_*.old-*")):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+            if put_back(p):
+                log.warning(f"{p}, set aside by a same-step save that did not finish: put back")
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
         return removed
 
 
@@ -388,7 +392,11 @@ def publish(tmp: Path, final: Path, sums: dict) -> None:
     aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
     if final.exists():
         final.rename(aside)
-    tmp.rename(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        put_back(aside)  # a failed save never costs the checkpoint it was replacing
+        raise
     fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
@@ -400,6 +408,17 @@ def recover(tmp: Path) -> bool:
     if not (tmp / INTEGRITY).is_file() or final.exists():
         return False
     tmp.rename(final)
+    fsync_dir(final.parent)
+    return True
+
+
+def put_back(aside: Path) -> bool:
+    """A folder `publish` set aside (`.ckpt_<step>.old-<id>`) back under its name, when nothing
+    took that name; True if it was."""
+    final = aside.with_name(aside.name.split(".old-")[0].lstrip("."))
+    if not aside.is_dir() or final.exists():
+        return False
+    aside.rename(final)
     fsync_dir(final.parent)
     return True
 
