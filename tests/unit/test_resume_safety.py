@@ -48,7 +48,8 @@ def test_a_junk_newest_file_is_named_without_torchs_advice_to_drop_weights_only(
     paths[2].write_bytes(os.urandom(4096))  # not a zip: torch's refusal would advise weights_only=False
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.load(paths[2], "cpu")
-    assert str(e.value) == f"checkpoint {paths[2]} is unreadable (truncated or corrupt): not a file torch.save wrote"
+    assert str(e.value) == (f"checkpoint {paths[2]} is unreadable (truncated or corrupt): "
+                            "not a file torch.save wrote")
     path, state = checkpoint.resolve(tmp_path, "auto", "cpu")  # named in a warning, the previous one used
     assert path == paths[1] and state["step"] == 4
 
