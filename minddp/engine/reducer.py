@@ -157,7 +157,7 @@ class Reducer:
     # ------------------------------------------------------------------ phase 1: prepare
     def prepare_for_backward(self, grad_scale: float | None = None) -> bool:
         """A synchronised forward: a new iteration (torch's prepare_for_backward). Not when the
-        forward is a non-reentrant checkpoint's recomputation inside this iteration's backward:
+        forward is a checkpoint's recomputation (reentrant or not) inside this iteration's backward:
         the iteration goes on (returns False). `grad_scale`: join's factor for the reduced
         gradients (averaged over the ranks still training), or None."""
         it = self.iteration

@@ -80,8 +80,9 @@ class UsageFlags:
 
 
 def _restore_grads(flags: list, unused: list[list], layout, params) -> None:
-    """.grad as torch DDP leaves it: the averaged view for a parameter used on some rank,
-    untouched (None if it was) for one unused everywhere."""
+    """.grad as torch DDP leaves it with gradient_as_bucket_view=True (minddp's gradients are
+    the bucket views): the averaged view for a parameter used on some rank; for one unused
+    everywhere, None if it was, else the view, holding the average of what the ranks held."""
     for per_bucket in unused:
         for i, grad_was_none in per_bucket:
             if flags[i] != 0:
