@@ -45,7 +45,9 @@ _BLAMED = pytest.StashKey[dict]()
 
 
 def repo_outputs() -> set[str]:
-    return {f"{d}/{name}" for d in DEFAULT_OUTPUTS if (ROOT / d).is_dir() for name in os.listdir(ROOT / d)}
+    """Each default folder that exists (`outputs/`, even empty) and what it holds."""
+    found = {f"{d}/" for d in DEFAULT_OUTPUTS if (ROOT / d).is_dir()}
+    return found | {f"{d}{name}" for d in found for name in os.listdir(ROOT / d)}
 
 
 def pytest_sessionstart(session):

@@ -202,6 +202,16 @@ def test_slurm_two_nodes_one_process_each(tmp_path, slurm, reference):
     assert_same_curves(metrics(tmp_path / "run"), reference)
 
 
+def _remove_sweep(sweep):
+    """A sweep run where the script puts it by default (the checkout's outputs/), removed with the
+    outputs/ it made, when that held nothing else."""
+    shutil.rmtree(sweep, ignore_errors=True)
+    try:
+        sweep.parent.rmdir()
+    except OSError:  # the user's own runs are there
+        pass
+
+
 def test_slurm_sweep_array_one_task_per_value(tmp_path, slurm):
     jid = sbatch(slurm, "sweep.sbatch", *ARGS,
                  sbatch_args=["--array=0-1", "--cpus-per-task=1", f"--output={tmp_path}/%x-%A_%a.out"],
@@ -216,7 +226,7 @@ def test_slurm_sweep_array_one_task_per_value(tmp_path, slurm):
         assert collectives[0] > collectives[1] == 1  # a smaller cap, more buckets
         assert metrics(runs[0])[-1]["loss"] == pytest.approx(metrics(runs[1])[-1]["loss"], abs=2e-5)
     finally:
-        shutil.rmtree(ROOT / "outputs" / f"sweep-{jid}", ignore_errors=True)
+        _remove_sweep(ROOT / "outputs" / f"sweep-{jid}")
 
 
 def test_slurm_sweep_over_layouts_world_1_2_4_across_two_nodes_in_one_wandb_group(tmp_path, slurm, reference):
@@ -246,7 +256,7 @@ def test_slurm_sweep_over_layouts_world_1_2_4_across_two_nodes_in_one_wandb_grou
         worlds = sorted((w["config"]["world_size"], w["config"]["nodes"]) for w in runs)
         assert worlds == [(1, 1), (2, 2), (4, 2)]
     finally:
-        shutil.rmtree(sweep, ignore_errors=True)
+        _remove_sweep(sweep)
 
 
 def test_slurm_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path, slurm, long_reference):
