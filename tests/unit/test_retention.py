@@ -172,8 +172,11 @@ def test_a_trash_left_that_cannot_be_removed_is_a_warning_at_start_up_never_an_e
     """Rank 0 cleans up before the resume's broadcast: a removal refused there (permissions, NFS's
     busy `.nfs` files) raised on rank 0 alone while its peers waited in the broadcast."""
     paths = _files(tmp_path, range(1, 4))
+    def killed():
+        raise KeyboardInterrupt  # stands for kill -9 between the rename and the removal
+
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.FILE.delete(paths[0], pause=lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+        checkpoint.FILE.delete(paths[0], pause=killed)
 
     def refused(self, missing_ok=False):
         raise PermissionError(errno.EACCES, "Permission denied")

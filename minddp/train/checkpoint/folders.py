@@ -404,21 +404,21 @@ def publish(tmp: Path, final: Path, sums: dict) -> None:
 def recover(tmp: Path) -> bool:
     """A temporary folder left by a crash: put in place if its save was whole (integrity.json
     written, only the rename missing) and nothing holds its name; True if it was."""
-    final = tmp.with_name(tmp.name.split(".tmp-")[0].lstrip("."))
-    if not (tmp / INTEGRITY).is_file() or final.exists():
-        return False
-    tmp.rename(final)
-    fsync_dir(final.parent)
-    return True
+    return (tmp / INTEGRITY).is_file() and _renamed_back(tmp, ".tmp-")
 
 
 def put_back(aside: Path) -> bool:
     """A folder `publish` set aside (`.ckpt_<step>.old-<id>`) back under its name, when nothing
     took that name; True if it was."""
-    final = aside.with_name(aside.name.split(".old-")[0].lstrip("."))
-    if not aside.is_dir() or final.exists():
+    return aside.is_dir() and _renamed_back(aside, ".old-")
+
+
+def _renamed_back(hidden: Path, marker: str) -> bool:
+    """`.ckpt_<step><marker><id>` renamed to `ckpt_<step>`, unless that name is taken."""
+    final = hidden.with_name(hidden.name.split(marker)[0].lstrip("."))
+    if final.exists():
         return False
-    aside.rename(final)
+    hidden.rename(final)
     fsync_dir(final.parent)
     return True
 
