@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model.n_layer=6", "model.n_embd=384", "model.n_head=6", "ddp.shard_optimizer=true",
-        "train.max_steps=16",        "train.eval_every=0", "wandb.mode=disabled"]
+        "train.max_steps=16", "train.eval_every=0", "wandb.mode=disabled"]
 VARIANTS = {"none": ["train.ckpt_every=0"], "defaults": ["train.ckpt_every=1"],
             "file": ["train.ckpt_every=1", "train.ckpt_format=file", "train.ckpt_keep=0"],
             "async": ["train.ckpt_every=1", "train.ckpt_async=true"]}
@@ -50,10 +50,10 @@ def loop_seconds(log_text: str) -> float:
     return (end - start).total_seconds()
 
 
-def one_run(variant: str, work: Path, nproc: int) -> dict:
+def one_run(variant: str, work: Path, nproc: int, overrides=()) -> dict:
     run = work / f"{variant}-{time.monotonic_ns()}"
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "train.py"), *BASE, *VARIANTS[variant]]
+           str(ROOT / "train.py"), *BASE, *VARIANTS[variant], *overrides]
     env = {**os.environ, "MINDDP_RUN_DIR": str(run), "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--out", default=None, help="a markdown file for the table")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--overrides", nargs="*", default=[],
+                    help="Hydra overrides after the bench's own (a smaller model for a smoke test)")
     args = ap.parse_args()
     variants = ["none"] + [v for v in args.variants if v != "none"]
     if set(variants) - set(VARIANTS):
@@ -107,7 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-runs-") as tmp:
         for r in range(args.rounds):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-                results[v].append(one_run(v, Path(tmp), args.nproc))
+                results[v].append(one_run(v, Path(tmp), args.nproc, args.overrides))
                 print(f"round {r + 1} {v}: {results[v][-1]}", flush=True)
     text = table(results, variants, args.rounds, (load_before, os.getloadavg()[0]))
     print(text)

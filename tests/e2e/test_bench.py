@@ -122,3 +122,24 @@ def test_engine_and_trainer_benchmarks_write_their_tables(tmp_path):
     doc = json.loads(out.with_suffix(".json").read_text())
     assert text == render.markdown(doc["blocks"]) + "\n" and set(doc["data"]["ratios"]) == {
         "trainer", "bare loop", "nanoGPT-style loop"}
+
+
+def test_the_whole_run_checkpoint_bench_writes_its_table(tmp_path):
+    """make bench-checkpoint's whole-run half (scripts/bench_checkpoint_runs.py), one round on a
+    small model: every variant measured against `none` in the same round."""
+    import sys
+
+    out, raw = tmp_path / "runs.md", tmp_path / "runs.json"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_checkpoint_runs.py"), "--rounds", "1",
+                        "--nproc", "1", "--variants", "defaults,file", "--out", str(out), "--json", str(raw),
+                        "--overrides", *SMALL, "train.max_steps=4"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads(raw.read_text())
+    assert list(results) == ["none", "defaults", "file"]
+    for runs in results.values():
+        (run,) = runs
+        assert run["wall"] > run["loop"] > 0 and run["peak_rss_mb"] > 0 and run["disk_mb"] > 0, run
+    assert results["file"][0]["disk_mb"] > results["defaults"][0]["disk_mb"]  # four files kept, three folders
+    rows = [line.split(" | ")[0] for line in out.read_text().splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["| none", "| defaults", "| file"], out.read_text()
