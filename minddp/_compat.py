@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.nn.parallel.distributed
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 # The oldest torch minddp runs on: GPU nodes bring their own CUDA build (e.g. 2.11 with CUDA 13).
@@ -33,6 +34,12 @@ def torch_supported(version: str = torch.__version__) -> bool:
 
 if not torch_supported():  # say it once, at import, rather than fail somewhere deep inside
     warnings.warn(f"minddp needs torch >= {TORCH_FLOOR}; this is torch {torch.__version__}", stacklevel=2)
+
+# torch's DDP class, taken once, where dynamo takes it (torch._dynamo.convert_frame binds this name at
+# its import). Never look it up by `torch.nn.parallel.DistributedDataParallel` at call time: a user who
+# runs minddp inside a library that builds torch's DDP itself (HF Trainer, Lightning) puts minddp's
+# class under torch's names (minddp.as_torch_ddp), and minddp must still find torch's.
+TORCH_DDP = torch.nn.parallel.distributed.DistributedDataParallel
 
 
 def optimizer_step_hooked(optimizer) -> bool:
@@ -131,7 +138,7 @@ def dynamo_sees_ddp(wrapper):
     module call inside is compiled as its own frame, with the handshake set. Below dynamo's fixed
     1 MiB first bucket torch DDP's compiled forward raises; minddp keeps the graph whole and says so."""
     cap = wrapper.bucket_bytes_cap  # torch's attribute: 25 MiB, the cap given, or the list's largest
-    ddp = torch.nn.parallel.DistributedDataParallel
+    ddp = TORCH_DDP
     old = ddp._active_ddp_module
     if cap >= _DYNAMO_FIRST_BUCKET_BYTES:
         ddp._active_ddp_module = _DynamoDDPHandle(cap)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import _compat
 from .comm_hooks import GradBucket
 from .communicator import ALGORITHMS
 
@@ -221,7 +222,7 @@ def torch_devices(module, device_ids, output_device) -> dict:
 
 
 def check_not_wrapped(module: nn.Module, wrapper: type) -> None:
-    if isinstance(module, (wrapper, nn.parallel.DistributedDataParallel)):
+    if isinstance(module, (wrapper, _compat.TORCH_DDP)):
         raise TypeError(f"minddp.DistributedDataParallel: the module is already a {type(module).__name__}; "
                         "wrap the plain model once (pass `ddp.module` to wrap it anew)")
 

@@ -23,7 +23,6 @@ import inspect
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from .. import _compat
 from ..engine.ddp import DistributedDataParallel
@@ -60,8 +59,8 @@ def optimizer_configs(base, cap):
     adamw = {"lr": 1e-4, "fused": True}
     plain = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
     sharded = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap, shard_optimizer=True)
-    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
-    theirs_zero = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+    theirs = _compat.TORCH_DDP(copy.deepcopy(base), bucket_cap_mb=cap)
+    theirs_zero = _compat.TORCH_DDP(copy.deepcopy(base), bucket_cap_mb=cap)
     AdamW = torch.optim.AdamW
     configs = [("minddp DDP + AdamW", plain, AdamW(plain.parameters(), **adamw)),
                ("torch DDP + AdamW", theirs, AdamW(theirs.parameters(), **adamw)),
@@ -163,7 +162,7 @@ def cap_sweep(base, x, caps, repeats: int, rounds: int, per_round: int) -> tuple
     repeat; and each engine's bucket count {(label, cap): n} after its rebuild."""
     configs = []  # (label, cap, model)
     for cap in caps:
-        theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)
+        theirs = _compat.TORCH_DDP(copy.deepcopy(base), bucket_cap_mb=cap)
         configs.append(("torch DDP", cap, theirs))
         configs.append(("minddp", cap, DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap)))
     ratios, ours_ms = {cap: [] for cap in caps}, {cap: [] for cap in caps}
@@ -191,7 +190,7 @@ def compile_configs(base, backend: str, cap: float | None) -> list:
 
     blocks = compiled(copy.deepcopy(base), "blocks", backend)
     return [("minddp DDP(compile(model))", DistributedDataParallel(whole(), bucket_cap_mb=cap)),
-            ("torch DDP(compile(model))", nn.parallel.DistributedDataParallel(whole(), bucket_cap_mb=cap)),
+            ("torch DDP(compile(model))", _compat.TORCH_DDP(whole(), bucket_cap_mb=cap)),
             ("minddp, each block compiled", DistributedDataParallel(blocks, bucket_cap_mb=cap)),
             (ONE_GRAPH, DistributedDataParallel(whole(), bucket_cap_mb=cap))]
 

@@ -12,7 +12,6 @@ import copy
 import statistics
 
 import torch
-from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from .. import _compat
@@ -32,7 +31,7 @@ def per_bucket_cost(base, x, loss_fn, reps: int = 20) -> dict[str, tuple[float, 
     plain = copy.deepcopy(base)
     ours = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
     ours.register_comm_hook(None, lambda state, b: _done(b.buffer()))
-    theirs = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=1e-6)
+    theirs = _compat.TORCH_DDP(copy.deepcopy(base), bucket_cap_mb=1e-6)
     theirs.register_comm_hook(None, noop_hook)
     models = {"plain": plain, "minddp": ours, "torch DDP": theirs}
 

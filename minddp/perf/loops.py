@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import _compat
 from .clock import interleaved, timed
 
 
@@ -20,7 +21,7 @@ class HandLoop:
     step, as nanoGPT's train.py does with its defaults."""
 
     def __init__(self, model: nn.Module, batches, accum: int, lr: float, fused: bool, nanogpt: bool):
-        self.model = nn.parallel.DistributedDataParallel(model)
+        self.model = _compat.TORCH_DDP(model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, fused=fused or None)
         self.batches, self.accum, self.nanogpt = batches, accum, nanogpt
 
