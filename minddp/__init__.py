@@ -14,6 +14,7 @@ from . import _moved
 from .engine.comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from .engine.ddp import DDP, DistributedDataParallel
 from .engine.observer import CommStats
+from .integrations import as_torch_ddp
 from .optim.overlap import OverlappedOptimizer
 from .optim.replicated import ReplicatedOptimizer
 from .optim.zero import ShardedOptimizer
@@ -27,6 +28,7 @@ __all__ = [
     "ReplicatedOptimizer",
     "ShardedOptimizer",
     "allreduce_hook",
+    "as_torch_ddp",
     "bf16_compress_hook",
     "fp16_compress_hook",
 ]

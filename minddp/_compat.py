@@ -41,6 +41,30 @@ if not torch_supported():  # say it once, at import, rather than fail somewhere 
 # class under torch's names (minddp.as_torch_ddp), and minddp must still find torch's.
 TORCH_DDP = torch.nn.parallel.distributed.DistributedDataParallel
 
+# torch's modules that bind `torch.nn.parallel.DistributedDataParallel` when they are imported (DCP's
+# state_dict unwraps DDP with it, replicate and pipelining build one); tests/unit/test_as_torch_ddp.py
+# reads torch's sources for more.
+_BIND_TORCH_DDP_AT_IMPORT = ("torch.distributed.checkpoint.state_dict",
+                             "torch.distributed._composable.replicate",
+                             "torch.distributed.pipelining.stage",
+                             "torch.distributed.algorithms._optimizer_overlap.optimizer_overlap")
+
+
+def delay_all_reduce(ddp) -> None:
+    """torch DDP's reducer entry that Lightning's manual optimization calls after the first
+    backward of a static graph (its strategy's `post_backward`): that backward's reduction."""
+    ddp.reducer._delay_all_reduce()
+
+
+def import_torch_ddp_binders() -> None:
+    """Import torch's modules that bind torch's DDP class by its public name at import, before
+    minddp.as_torch_ddp swaps that name: one first imported inside the block (a checkpoint save)
+    would keep minddp's class for the rest of the process."""
+    import importlib
+
+    for name in _BIND_TORCH_DDP_AT_IMPORT:
+        importlib.import_module(name)
+
 
 def optimizer_step_hooked(optimizer) -> bool:
     """Whether step hooks (the optimizer's own or global ones) are registered: a bucket's step then
