@@ -13,6 +13,10 @@ agent that died in between left the worker with another parent already, and no s
 come. So the parent is read first thing in the worker's script (`os.environ[PARENT_ENV]`,
 train.py's first lines; a child process inherits the variable, so it names the pid that wrote
 it) and compared once the signal is armed.
+
+The signal's handler runs only when the main thread runs Python: a worker blocked in C++ with the
+GIL released (init_process_group waiting on a slow peer's store, for up to train.init_timeout_s)
+would never see it. A daemon thread that reads the parent every quarter second covers that.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 
 PARENT_ENV = "MINDDP_WORKER_PARENT"  # "<pid>:<parent's pid>" as the worker's script first saw them
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SIGNAL = signal.SIGHUP  # "the controlling process is gone"; torchrun's workers have no terminal
+POLL_S = 0.25  # the watcher thread's period: "within a second" while the main thread is in C++
 
 
 def stop_with_agent(note: str = "") -> bool:
@@ -42,7 +48,15 @@ def stop_with_agent(note: str = "") -> bool:
         return False  # a kernel that refuses it: the worker runs as before
     if os.getppid() != agent:  # the agent died before the signal was armed: none will come
         stop(int(SIGNAL), None)
+    threading.Thread(target=_watch, args=(agent, stop), name="minddp-agent-watch", daemon=True).start()
     return True
+
+
+def _watch(agent: int, stop) -> None:
+    """Stop the worker once its parent is no longer the agent, whatever the main thread is doing."""
+    while os.getppid() == agent:
+        time.sleep(POLL_S)
+    stop(int(SIGNAL), None)
 
 
 def first_parent() -> int:

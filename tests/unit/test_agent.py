@@ -61,6 +61,35 @@ def test_the_worker_stops_with_one_line_when_its_parent_dies():
     assert took < 10, took
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self"), reason="Linux's prctl")
+def test_a_worker_whose_main_thread_is_inside_cpp_stops_too():
+    """issue 56.3: a main thread blocked in C++ (init_process_group waiting on a slow peer) never
+    runs the signal's Python handler; here the signal is blocked in the main thread, as good as
+    never handled there, and the worker must still stop within seconds."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the agent
+        worker = os.fork()
+        if worker == 0:
+            os.dup2(w, 2)
+            _as_worker(os.getppid())
+            agent.stop_with_agent(NOTE)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {agent.SIGNAL})  # the main thread never sees it
+            os.write(w, b"armed\n")
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.close(w)
+    try:
+        said, took = _read_until_eof(r, timeout=20)
+    finally:
+        os.waitpid(middle, 0)
+        os.close(r)
+    assert said.startswith("armed\n[rank 1] minddp: stopped: torchrun's agent (pid "), said
+    assert took < 5, took
+
+
 def test_an_agent_that_died_before_the_signal_was_armed_stops_the_worker_at_once():
     """The race: the script saw one parent, and by the time it arms the signal it has another."""
     r, w = os.pipe()
