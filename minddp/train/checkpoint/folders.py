@@ -26,7 +26,8 @@ back what was written: the save is verified), then rank 0 writes integrity.json 
 folder. A crash leaves a temporary folder, removed at start-up, or put in place if only its
 rename was missing. Every rank reads back files the others wrote: the run dir must be one every
 rank sees (a shared filesystem; node-local disks: ckpt_format=file). Loading is `no_dist` (any
-rank, any process, no collective), weights_only for state.pt.
+rank, any process, no collective), weights_only for state.pt, and DCP's .metadata through
+dcp_reader.SafeReader (a restricted unpickler: a planted folder runs no code).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from ...optim.zero_state import Piece
 from ..io.atomic import atomic_write, fsync_dir
 from ..safety.together import together
 from . import store
+from .dcp_reader import SafeReader, UnsafeIndex, to_torch_save
 from .errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -142,7 +144,7 @@ class FolderCheckpoints:
         path = Path(path)
         try:
             state = load_folder(path, device)
-        except CorruptFolder as e:
+        except (CorruptFolder, UnsafeIndex) as e:
             raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
         except OSError as e:
             raise read_error(path, e) from e
@@ -158,10 +160,9 @@ class FolderCheckpoints:
         return checked(path, state)
 
     def to_torch_file(self, path, out: Path) -> None:
-        """One torch.save file of the whole checkpoint (minddp export): torch's own converter."""
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        dcp_to_torch_save(path, out)
+        """One torch.save file of the whole checkpoint (minddp export): torch's own converter,
+        reading `.metadata` without running code (dcp_reader.py)."""
+        to_torch_save(path, out)
 
     # ------------------------------------------------------------------------- delete
     def delete(self, path: Path, pause=None) -> None:
@@ -431,7 +432,8 @@ def is_folder(path) -> bool:
 
 def load_folder(folder: Path, device) -> dict:
     """The whole state of a folder checkpoint, as a single-file checkpoint holds it.
-    CorruptFolder for a damaged folder; OSError (transient) for a failed read."""
+    CorruptFolder for a damaged folder, UnsafeIndex for a `.metadata` that is not DCP's index
+    (dcp_reader.py: read without running code); OSError (transient) for a failed read."""
     verify_files(folder)
     small = torch.load(folder / STATE, map_location=device, weights_only=True)
     if not isinstance(small, dict):
@@ -439,7 +441,7 @@ def load_folder(folder: Path, device) -> dict:
     targets, wholes = _targets(folder, small, device)
     with warnings.catch_warnings():  # no_dist without a process group is what we mean
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(targets, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+        dcp.load(targets, storage_reader=SafeReader(folder), no_dist=True)
     return {k: (_join(v, wholes) if k in LARGE else v) for k, v in small.items()}
 
 
@@ -467,7 +469,7 @@ def verify_files(folder: Path) -> None:
 def _targets(folder: Path, small: dict, device) -> tuple[dict, dict]:
     """DCP's load targets for every reference in `small`: a whole tensor per name, and a view
     into one per part of a joined tensor; ({DCP key: tensor}, {reference name: whole tensor})."""
-    stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    stored = SafeReader(folder).read_metadata().state_dict_metadata
     targets, wholes = {}, {}
     for ref in (r for k in LARGE for r in _refs(small.get(k))):
         name = ref[REF]

@@ -3,7 +3,11 @@
 A pickle can name any importable callable and call it on load. Files minddp reads
 that are pickles by convention (nanoGPT's `meta.pkl`, torch's flight-recorder dumps)
 hold only plain containers, strings and numbers, so an unpickler that refuses every
-class or function loses nothing and cannot execute anything.
+class or function loses nothing and cannot execute anything. A format made of a few
+known classes (DCP's `.metadata`, checkpoint/dcp_reader.py) passes exactly those as
+`allowed`: the unpickler then resolves those names to those objects and refuses any
+other (the "restricting globals" recipe of Python's pickle documentation); it never
+imports a module by a name the file gives.
 """
 
 from __future__ import annotations
@@ -16,17 +20,24 @@ class UnsafePickleError(ValueError):
     pass
 
 
-class _PlainUnpickler(pickle.Unpickler):
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, f, allowed: dict | None = None):
+        super().__init__(f)
+        self.allowed = allowed or {}  # {(module, name): the object itself}
+
     def find_class(self, module, name):
+        if (module, name) in self.allowed:
+            return self.allowed[(module, name)]
+        what = "the classes this format is made of" if self.allowed else "plain containers, strings, numbers"
         raise UnsafePickleError(
-            f"refused to load {module}.{name}: only plain containers, strings and numbers are allowed "
+            f"refused to load {module}.{name}: only {what} are allowed "
             "(a pickle that names a class or function can run code when loaded)")
 
 
-def loads(data: bytes):
-    return _PlainUnpickler(io.BytesIO(data)).load()
+def loads(data: bytes, allowed: dict | None = None):
+    return _RestrictedUnpickler(io.BytesIO(data), allowed).load()
 
 
-def load(path):
+def load(path, allowed: dict | None = None):
     with open(path, "rb") as f:
-        return _PlainUnpickler(f).load()
+        return _RestrictedUnpickler(f, allowed).load()

@@ -1,0 +1,96 @@
+"""DCP's `.metadata` read without running code: the one reader of every path that opens a folder
+checkpoint (resume, `minddp export`/`sample`/`debug`/`report`, `model.init_from` of a checkpoint).
+
+torch's `FileSystemReader.read_metadata` opens `.metadata` with a plain `pickle.load`, and a
+folder's integrity.json is a CRC list anyone can recompute: a planted `ckpt_<step>/` would run
+its payload on load. torch's `weights_only` unpickler cannot read the file either (DCP pickles
+with protocol 4: FRAME, STACK_GLOBAL, MEMOIZE, which it does not implement), so `SafeReader`
+reads it with io/safe_pickle's restricted unpickler, admitting exactly the classes DCP's index is
+made of, then checks the index holds what minddp writes: tensors only (DCP would load any other
+entry with `torch.load(weights_only=False)`), each in a file directly in the folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import torch
+import torch.serialization
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import filesystem as dcp_files
+from torch.distributed.checkpoint import metadata as dcp_meta
+
+from ..io import safe_pickle
+
+
+class UnsafeIndex(ValueError):
+    """A `.metadata` that names anything DCP's index is not made of, or is not DCP's index."""
+
+
+@functools.cache
+def allowed() -> dict:
+    """{(module, name): object} of everything a `.metadata` DCP writes may name."""
+    m = dcp_meta
+    objs = [m.Metadata, m.TensorStorageMetadata, m.ChunkStorageMetadata, m.TensorProperties,
+            m.StorageMeta, m.MetadataIndex, m._MEM_FORMAT_ENCODING, dcp_files._StorageInfo, torch.Size,
+            torch.serialization._get_layout, pathlib.PosixPath, pathlib.PurePosixPath]
+    names = {(o.__module__, o.__qualname__): o for o in objs}
+    names.update({("pathlib", o.__name__): o for o in (pathlib.PosixPath, pathlib.PurePosixPath)})
+    names.update({("torch", n): d for n in dir(torch) if isinstance(d := getattr(torch, n), torch.dtype)})
+    return names
+
+
+def read_index(data: bytes) -> dcp_meta.Metadata:
+    """DCP's index from the bytes of a `.metadata`; UnsafeIndex if it is anything else."""
+    try:
+        index = safe_pickle.loads(data, allowed())
+    except safe_pickle.UnsafePickleError as e:
+        raise UnsafeIndex(f"DCP's .metadata was refused: {e}") from None
+    except Exception as e:  # noqa: BLE001 - truncated, or not a pickle: damaged either way
+        raise UnsafeIndex(f"DCP's .metadata does not parse: {type(e).__name__}: {str(e)[:160]}") from None
+    if problem := _problem(index):
+        raise UnsafeIndex(f"DCP's .metadata {problem}")
+    return index
+
+
+def _problem(index) -> str | None:
+    if not isinstance(index, dcp_meta.Metadata):
+        return f"holds a {type(index).__name__}, not DCP's Metadata"
+    entries, files = index.state_dict_metadata, index.storage_data
+    if not isinstance(entries, dict) or not isinstance(files, dict):
+        return "is not DCP's index (no entries or storage table)"
+    for name, entry in entries.items():
+        if not isinstance(entry, dcp_meta.TensorStorageMetadata):
+            return f"entry {name!r} is a {type(entry).__name__}: minddp's folders hold tensors only"
+    for info in files.values():
+        path = getattr(info, "relative_path", None)
+        if not isinstance(info, dcp_files._StorageInfo) or not isinstance(path, str) or \
+                path in ("", ".", "..") or pathlib.PurePath(path).name != path:
+            return f"names a data file outside its folder: {path!r}"
+    return None
+
+
+class SafeReader(FileSystemReader):
+    """torch's FileSystemReader, its `.metadata` read by `read_index`."""
+
+    def read_metadata(self, *args, **kwargs) -> dcp_meta.Metadata:
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            index = read_index(f.read())
+        if getattr(index, "storage_meta", None) is None:  # as torch's read_metadata
+            index.storage_meta = dcp_meta.StorageMeta()
+        index.storage_meta.load_id = self.load_id
+        return index
+
+
+def to_torch_save(folder, out) -> None:
+    """torch's `dcp_to_torch_save` (format_utils: every entry into one torch.save file), its
+    reader a SafeReader. The index is read first: torch's loader, when it fails, tries a
+    per-rank `__0.metadata` and reports that one's absence instead of the refusal."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader, state = SafeReader(folder), {}
+    reader.read_metadata()  # UnsafeIndex here, in one line
+    _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    torch.save(state, out)
