@@ -125,6 +125,21 @@ def test_a_torn_last_metrics_line_is_dropped_and_reported(tmp_path, caplog):
     assert "dropped line 6, torn by an interrupted write" in caplog.text
 
 
+@pytest.mark.parametrize("row", ['{"step": null, "loss": 1.0}', '{"step": "3"}', '{"step": 2.5}',
+                                 '{"step": true}', '{"loss": 1.0}', "[3]"])
+def test_a_metrics_row_without_an_integer_step_is_dropped_as_torn(tmp_path, caplog, row):
+    """{"step": null} once stopped every resume with a TypeError (issue 56.6)."""
+    from minddp.train.metrics.tracking import Tracker
+
+    rows = [f'{{"step": {s}, "loss": 1.0}}' for s in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join([*rows[:2], row, *rows[2:]]) + "\n")
+    with caplog.at_level(logging.WARNING, logger="minddp"):
+        tracker = Tracker(tmp_path, {}, OmegaConf.create({"mode": "disabled"}), "t", 10, start_step=4)
+    tracker.close()
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2, 3, 4]
+    assert "dropped line 3, torn by an interrupted write" in caplog.text
+
+
 def _full_disk_save(error: Exception | str):
     def save(obj, f):
         f.write(b"partial data")

@@ -28,11 +28,14 @@ log = logging.getLogger("minddp")
 
 
 def _parse_row(line: str) -> dict | None:
+    """A metrics row, or None for a line no run wrote whole: not JSON, or no integer step
+    ({"step": null} would stop every resume's comparison with a TypeError)."""
     try:
         row = json.loads(line)
     except ValueError:
         return None
-    return row if isinstance(row, dict) else None
+    ok = isinstance(row, dict) and type(row.get("step")) is int
+    return row if ok else None
 
 
 def _json_safe(v):
@@ -75,7 +78,7 @@ class Tracker:
             if row is None and line.strip():
                 log.warning(f"{self.metrics_path}: dropped line {n}, torn by an interrupted write: "
                             f"{line[:80]!r}")
-            elif row is not None and row.get("step", 0) <= step:
+            elif row is not None and row["step"] <= step:
                 rows.append(line)
         atomic_write(self.metrics_path, "".join(r + "\n" for r in rows))
         return earlier
@@ -149,7 +152,7 @@ class Tracker:
         if not self.metrics_path.exists():
             return []
         return [r for line in self.metrics_path.read_text(errors="replace").splitlines()
-                if (r := _parse_row(line)) is not None and isinstance(r.get("step"), int)]
+                if (r := _parse_row(line)) is not None]
 
     def write_summary(self) -> dict:
         numbers = steady.summary(self.rows())
