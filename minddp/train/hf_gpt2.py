@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import torch
@@ -36,6 +37,8 @@ CONFIG, WEIGHTS, WEIGHTS_INDEX, TORCH_WEIGHTS = ("config.json", "model.safetenso
 _BLOCK = {"ln1": "ln_1", "ln2": "ln_2", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj",
           "fc": "mlp.c_fc", "fc_proj": "mlp.c_proj"}  # minddp's block module -> GPT-2's
 _CONV1D = ("attn.qkv", "attn.proj", "fc", "fc_proj")  # stored (in, out) by GPT-2, (out, in) by nn.Linear
+_SIZES = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")  # config.json's, positive integers
+CONFIG_MAX_BYTES = 1 << 20  # a GPT-2's config.json is about 1 KiB
 _BUFFERS = (".attn.bias", ".attn.masked_bias")  # the causal mask older transformers saved: not weights
 
 
@@ -98,23 +101,53 @@ def write(folder: Path, tensors: dict, config: dict) -> None:
 
 # --------------------------------------------------------- Hugging Face -> minddp
 def read_config(folder) -> dict:
-    """A save_pretrained folder's config.json; HFError naming what is missing."""
+    """A save_pretrained folder's config.json; HFError naming what is missing or malformed."""
     folder = Path(folder)
     if not folder.is_dir():
         raise HFError(f"{folder} is not a folder: give a save_pretrained folder of a GPT-2 "
                       f"({CONFIG} + {WEIGHTS})")
-    try:
-        config = json.loads((folder / CONFIG).read_text())
-    except FileNotFoundError:
+    file = folder / CONFIG
+    if not file.exists():
         raise HFError(f"{folder} has no {CONFIG}: give a save_pretrained folder of a GPT-2 "
-                      f"({CONFIG} + {WEIGHTS})") from None
+                      f"({CONFIG} + {WEIGHTS})")
+    try:
+        config = json.loads(_read_small(file))
     except (ValueError, OSError) as e:
-        raise HFError(f"{folder / CONFIG} cannot be read ({e}): download the model again") from None
+        raise HFError(f"{file} cannot be read ({e}): download the model again") from None
     if not isinstance(config, dict) or config.get("model_type") != "gpt2":
         kind = config.get("model_type") if isinstance(config, dict) else None
         raise HFError(f"{folder} holds a {kind!r} model ({CONFIG}'s model_type), not GPT-2: minddp's GPT "
                       "is GPT-2's architecture; give a GPT-2 folder (model_type gpt2)")
+    if bad := _malformed(config):
+        raise HFError(f"{file} has {', '.join(bad)}: not a GPT-2's config.json; download the model again")
     return config
+
+
+def _read_small(file: Path, limit: int = CONFIG_MAX_BYTES) -> bytes:
+    """A regular file's bytes, at most `limit`: a FIFO would block the open, a link to /dev/zero
+    would read until memory runs out."""
+    if not stat.S_ISREG(file.stat().st_mode):
+        raise OSError("not a regular file")
+    with open(file, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"larger than {limit // 1024} KiB")
+    return data
+
+
+def _malformed(config: dict) -> list[str]:
+    """config.json's values of a type that would be a traceback later (a size that is not a
+    positive integer cannot build the model; an activation that is not a name cannot be looked up)."""
+    bad = [f"{k}={config[k]!r}" for k in _SIZES if k in config and not _positive_int(config[k])]
+    if bad:
+        bad = [f"{', '.join(bad)} (sizes are positive integers)"]
+    if not isinstance(config.get("activation_function", ""), str):
+        bad.append(f"activation_function={config['activation_function']!r} (a name)")
+    return bad
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def unsupported(config: dict) -> list[str]:
@@ -174,6 +207,8 @@ def from_hf(tensors: dict, n_layer: int, block_size: int, where="the folder") ->
             t = named.pop(f"{theirs}.{kind}", None)
             if t is None:
                 raise HFError(f"{where} has no tensor {theirs}.{kind}: not a GPT-2 of {n_layer} layers")
+            matrix = kind == "weight" and not theirs.rsplit(".", 1)[-1].startswith("ln_")  # LayerNorm: 1-D
+            _check_tensor(t, f"{theirs}.{kind}", 2 if matrix else 1, where)
             out[f"{ours}.{kind}"] = t.t() if transposed and kind == "weight" else t
     extra = [k for k in named if not k.endswith(_BUFFERS)]
     if extra:
@@ -186,3 +221,19 @@ def from_hf(tensors: dict, n_layer: int, block_size: int, where="the folder") ->
     out["pos_emb.weight"] = out["pos_emb.weight"][:block_size]
     out["head.weight"] = out["tok_emb.weight"]  # tied
     return out
+
+
+def _check_tensor(t: torch.Tensor, name: str, ndim: int, where) -> None:
+    """A weight the GPT can take as it is: floating point (an integer or bool tensor would be
+    cast silently), of its rank (a 0-dimensional one is an IndexError later), finite (a NaN
+    would surface as a diverged first step)."""
+    if not t.dtype.is_floating_point:
+        dtype = str(t.dtype).removeprefix("torch.")
+        raise HFError(f"{where}: its tensor {name} is {dtype}, not floating point: these are not a model's "
+                      "weights; download the model again")
+    if t.dim() != ndim:
+        raise HFError(f"{where}: its tensor {name} has shape {tuple(t.shape)}, not {ndim}-dimensional: "
+                      "not a GPT-2's weights; download the model again")
+    if not torch.isfinite(t).all():
+        raise HFError(f"{where}: its tensor {name} holds NaN or infinite values: these weights cannot be "
+                      "trained from; download the model again (or export it from a run that did not diverge)")

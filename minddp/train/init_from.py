@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..parallel import tensor_parallel as tp
 from . import hf_gpt2
 from .build import build_model
+from .data.tokens import init_from_fix
 from .safety.together import together
 
 log = logging.getLogger("minddp")
@@ -93,13 +94,14 @@ def load_agreed(model, m, vocab_size: int, mesh) -> None:
 
 def _load(model, m, vocab_size: int, mesh) -> None:
     path = m.init_from
-    full = hf_gpt2.from_hf(hf_gpt2.read_weights(path), m.n_layer, m.block_size, where=str(path))
+    where = f"model.init_from={path}"
+    full = hf_gpt2.from_hf(hf_gpt2.read_weights(path), m.n_layer, m.block_size, where=where)
     with torch.device("meta"):  # this run's full (unsplit) shapes, without memory
         shapes = {k: v.shape for k, v in build_model(m, vocab_size).state_dict().items()}
     if full["tok_emb.weight"].shape[0] != vocab_size:
         raise hf_gpt2.HFError(
             f"model.init_from={path} has a vocabulary of {full['tok_emb.weight'].shape[0]}, this run's data "
-            f"{vocab_size}: train on data in that model's tokens (data=tokens prepared with its tokenizer)")
+            f"{vocab_size}: {init_from_fix(full['tok_emb.weight'].shape[0])}")
     for name, shape in shapes.items():
         if full[name].shape != shape:
             raise hf_gpt2.HFError(f"model.init_from={path}: its {name} has shape {tuple(full[name].shape)}, "

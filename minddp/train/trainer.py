@@ -93,7 +93,8 @@ class Trainer:
         if info.rank != 0:  # only rank 0 writes the log file; every rank still prints its errors
             quiet_logging()
         self.train_set, self.val_set, self.data_info = load_data_agreed(cfg.data, cfg.model.block_size,
-                                                                        cfg.model.vocab_size)
+                                                                        cfg.model.vocab_size,
+                                                                        cfg.model.get("init_from"))
         record_in_config(cfg, self.data_info)  # the saved config, run.json and W&B say what was used
         self.vocab_size = self.data_info.vocab_size
         self.model = self._build_model()

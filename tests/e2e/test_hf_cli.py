@@ -59,3 +59,23 @@ def test_a_folder_whose_sizes_do_not_fit_stops_every_rank_with_one_line(tmp_path
         assert line in p.stderr, p.stderr[-3000:]
     assert "model.n_embd=64: drop that setting" in p.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_gpt2_vocabulary_on_byte_data_and_a_null_size_are_one_line_exit_2(tmp_path):
+    """issue 56.5: a GPT-2 of vocabulary 50257 fine-tuned on data=text's byte ids; 56.4: a size of
+    null in config.json was a Hydra traceback (exit 1)."""
+    import json
+
+    folder = tmp_path / "gpt2"
+    hf_models.saved(folder, vocab_size=50_257)
+    text = ["data=text", "data.max_bytes=20000", *TINY[2:]]
+    p = run_train(tmp_path / "run", f"model.init_from={folder}", *text, check=False)
+    assert p.returncodes == [2], p.stderr[-3000:]
+    assert (f"[rank 0] minddp: configuration error: model.init_from={folder} has a vocabulary of 50257, but "
+            "data=text's ids are bytes") in p.stderr, p.stderr[-3000:]
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": None}))
+    p = run_train(tmp_path / "run2", f"model.init_from={folder}", *TINY, check=False)
+    assert p.returncodes == [2] and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "n_layer=None (sizes are positive integers)" in p.stderr, p.stderr[-3000:]

@@ -192,3 +192,114 @@ def test_a_block_longer_than_the_folders_positions_is_refused(tmp_path):
 def test_init_from_is_a_setting_of_the_gpt_only():
     with pytest.raises(Exception, match="init_from"):
         compose_config("model=mlp", "model.init_from=/x")
+
+
+# ---------------------------------------------------------------- issue 56.4: malformed folders
+@pytest.mark.parametrize("value", [None, "abc", 32.5, [32], True, 0])
+def test_a_size_in_config_json_that_is_not_a_positive_integer_is_one_line(tmp_path, value):
+    """It reached the typed schema through the resolver: a Hydra traceback, exit 1."""
+    hf_models.saved(tmp_path / "gpt2")
+    _config(tmp_path / "gpt2", n_embd=value)
+    cfg = compose_config(f"model.init_from={tmp_path / 'gpt2'}", "data=synthetic")
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, 1)
+    assert f"n_embd={value!r} (sizes are positive integers)" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_activation_that_is_not_a_name_is_one_line(tmp_path):
+    hf_models.saved(tmp_path / "gpt2")
+    _config(tmp_path / "gpt2", activation_function=["gelu"])
+    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
+    assert "activation_function=['gelu'] (a name)" in line
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "folder", "too large"])
+def test_a_config_json_that_is_not_a_small_regular_file_is_one_line(tmp_path, kind):
+    """A FIFO blocked start-up in open(); a link to /dev/zero read until memory ran out."""
+    import os
+
+    folder = tmp_path / "gpt2"
+    hf_models.saved(folder)
+    config = folder / "config.json"
+    if kind == "too large":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "pad": "x" * (2 << 20)}))
+    else:
+        config.unlink()
+        {"fifo": lambda: os.mkfifo(config), "/dev/zero": lambda: config.symlink_to("/dev/zero"),
+         "folder": config.mkdir}[kind]()
+    [line] = init_from.problems(compose_config(f"model.init_from={folder}").model)
+    assert "config.json cannot be read (" in line, line
+    assert ("larger than 1024 KiB" if kind == "too large" else "not a regular file") in line
+
+
+def _weights(folder, **changes):
+    tensors = load_file(folder / "model.safetensors")
+    for name, change in changes.items():
+        tensors[f"transformer.{name}"] = change(tensors[f"transformer.{name}"])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("name,change,message", [
+    ("wpe.weight", lambda t: t[0, 0].clone(), r"wpe.weight has shape \(\), not 2-dimensional"),
+    ("h.0.ln_1.bias", lambda t: t[None].clone(), r"h.0.ln_1.bias has shape \(1, 32\), not 1-dimensional"),
+    ("h.1.mlp.c_fc.weight", lambda t: t.index_fill(0, torch.tensor([3]), torch.nan), "holds NaN or infinite"),
+    ("wte.weight", lambda t: t * float("inf"), "holds NaN or infinite"),
+    ("wte.weight", lambda t: t.long(), "is int64, not floating point"),
+    ("ln_f.weight", lambda t: t > 0, "is bool, not floating point"),
+])
+def test_weights_that_are_not_a_models_are_refused(tmp_path, name, change, message):
+    """0-dim: an IndexError; NaN: blamed on an update before step 1; int64/bool: cast silently."""
+    folder = tmp_path / "gpt2"
+    hf_models.saved(folder)
+    _weights(folder, **{name: change})
+    with pytest.raises(ConfigError, match=message) as e:
+        hf_gpt2.from_hf(hf_gpt2.read_weights(folder), 2, 32, where="model.init_from=x")
+    assert str(e.value).startswith(f"model.init_from=x: its tensor {name} ") and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- issue 56.5: the data's vocabulary
+def test_a_gpt2_of_another_vocabulary_is_refused_on_byte_data(tmp_path):
+    """A GPT-2 vocabulary (50257) fine-tuned on byte ids as if they were BPE ids."""
+    from minddp.train.data import load_data
+
+    cfg = compose_config("data=text", "data.max_bytes=4096")
+    for vocab in (50_257, 64):
+        with pytest.raises(ConfigError) as e:
+            load_data(cfg.data, 16, vocab, init_from="/m/gpt2")
+        line = str(e.value)
+        assert line.startswith(f"model.init_from=/m/gpt2 has a vocabulary of {vocab}, but data=text's "
+                               "ids are bytes (a vocabulary of 256): train it on data in its own tokens: ")
+        assert "drop model.vocab_size" not in line
+    assert "GPT-2's tokenizer" in load_data_error(cfg, 50_257)
+    assert load_data(cfg.data, 16, 256, init_from="/m/bytes")[2].vocab_size == 256  # a byte model fits
+
+
+def load_data_error(cfg, vocab) -> str:
+    from minddp.train.data import load_data
+
+    with pytest.raises(ConfigError) as e:
+        load_data(cfg.data, 16, vocab, init_from="/m/gpt2")
+    return str(e.value)
+
+
+def test_token_data_of_another_vocabulary_names_init_from_not_model_vocab_size(tmp_path):
+    import pickle
+
+    import numpy as np
+
+    from minddp.train.data import load_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        np.arange(300, dtype=np.uint16).tofile(data / f"{split}.bin")
+    cfg = compose_config("data=tokens", f"data.dir={data}")
+    with pytest.raises(ConfigError, match="ids < 64") as e:  # no meta.pkl: the ids' range decides
+        load_data(cfg.data, 16, 64, init_from="/m/gpt2")
+    assert "the data is not in the tokens of model.init_from=/m/gpt2" in str(e.value), e.value
+    assert "set model.vocab_size" not in str(e.value)
+    (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 300}))
+    line = load_data_error(cfg, 50_257)
+    assert line.startswith("model.init_from=/m/gpt2 has a vocabulary of 50257, but "), line
+    assert "says the data's is 300" in line and "drop model.vocab_size" not in line, line

@@ -159,12 +159,12 @@ _FORMATS = {"nanoGPT bin": "nanoGPT bin", "llm.c v1": "llm.c shards v1 (GPT-2)",
             "llm.c v2": "llm.c shards v2 (llama-3)", "npy": "npy shards (build-nanogpt)"}
 
 
-def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
+def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None, init_from: str | None = None):
     """(train, val, info) of a data=tokens folder, every file opened and checked."""
     if not Path(data_cfg.dir).is_dir():
         raise ConfigError(f"data.dir={data_cfg.dir!r} is not a folder: data=tokens needs data.dir=<folder of "
                           "token files>")
-    folder = tokens.open_folder(data_cfg.dir, data_cfg.dtype, vocab_size, block_size)
+    folder = tokens.open_folder(data_cfg.dir, data_cfg.dtype, vocab_size, block_size, _vocab_from(init_from))
     sets = {s: TokenWindows([sh.tokens for sh in shards], block_size) for s, shards in folder.splits.items()}
     info = DataInfo(_FORMATS[folder.kinds[0]], folder.vocab_size, folder.vocab_source, str(folder.dir),
                     {s: len(v) for s, v in folder.splits.items()},
@@ -174,7 +174,11 @@ def load_tokens(data_cfg, block_size: int, vocab_size: int | None = None):
     return sets["train"], sets["val"], info
 
 
-def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Dataset, Dataset, DataInfo]:
+def _load_text(data_cfg, block_size: int, vocab_size: int | None,
+               init_from: str | None = None) -> tuple[Dataset, Dataset, DataInfo]:
+    if init_from and vocab_size != tokens.BYTE_VOCAB:  # its ids are another tokenizer's, not bytes
+        raise ConfigError(f"{_vocab_from(init_from)} has a vocabulary of {vocab_size}, but data=text's ids "
+                          f"are bytes (a vocabulary of 256): {tokens.init_from_fix(vocab_size)}")
     if vocab_size and vocab_size < tokens.BYTE_VOCAB:
         raise ConfigError(f"model.vocab_size={vocab_size} is too small for data=text: its ids are bytes "
                           "(0-255); drop model.vocab_size or set it >= 256")
@@ -196,12 +200,19 @@ def _load_text(data_cfg, block_size: int, vocab_size: int | None) -> tuple[Datas
     return TokenWindows(parts["train"], block_size), TokenWindows(parts["val"], block_size), info
 
 
-def load_data(data_cfg, block_size: int, vocab_size: int | None = None) -> tuple[Dataset, Dataset, DataInfo]:
-    """(train, val, what was found). vocab_size: model.vocab_size, None when not given."""
+def _vocab_from(init_from: str | None) -> str:
+    """What set model.vocab_size: the command line (or its default), or model.init_from's folder."""
+    return f"model.init_from={init_from}" if init_from else "model.vocab_size"
+
+
+def load_data(data_cfg, block_size: int, vocab_size: int | None = None,
+              init_from: str | None = None) -> tuple[Dataset, Dataset, DataInfo]:
+    """(train, val, what was found). vocab_size: model.vocab_size, None when not given; init_from:
+    model.init_from's folder, whose vocabulary vocab_size then is (the data must be in its tokens)."""
     if data_cfg.name == "tokens":
-        return load_tokens(data_cfg, block_size, vocab_size)
+        return load_tokens(data_cfg, block_size, vocab_size, init_from)
     if data_cfg.name == "text":
-        return _load_text(data_cfg, block_size, vocab_size)
+        return _load_text(data_cfg, block_size, vocab_size, init_from)
     if data_cfg.name == "synthetic":
         vocab = vocab_size or tokens.BYTE_VOCAB
         if data_cfg.modulus > vocab:
@@ -213,13 +224,13 @@ def load_data(data_cfg, block_size: int, vocab_size: int | None = None) -> tuple
     raise ValueError(f"unknown data set {data_cfg.name!r}: use data=tokens, data=text or data=synthetic")
 
 
-def load_data_agreed(data_cfg, block_size: int, vocab_size: int | None = None):
+def load_data_agreed(data_cfg, block_size: int, vocab_size: int | None = None, init_from: str | None = None):
     """`load_data` on every rank, then one collective before any other: a rank whose files are
     broken, or differ from rank 0's (another fingerprint), is the same one-line error on every
     rank, at once, instead of one rank exiting while the others wait for it."""
     result, error = None, None
     try:
-        result = load_data(data_cfg, block_size, vocab_size)
+        result = load_data(data_cfg, block_size, vocab_size, init_from)
     except Exception as e:  # noqa: BLE001 - raised on every rank by together
         error = e
     info = result[2] if result else None

@@ -217,9 +217,14 @@ def read_meta(folder) -> dict:
     return meta
 
 
-def declared_vocab(folder: Path, explicit: int | None) -> tuple[int | None, str]:
-    """The vocabulary model.vocab_size or meta.pkl gives (they must agree), and where it came from."""
+def declared_vocab(folder: Path, explicit: int | None,
+                   vocab_from: str = "model.vocab_size") -> tuple[int | None, str]:
+    """The vocabulary model.vocab_size (or model.init_from's folder: `vocab_from`) or meta.pkl gives
+    (they must agree), and where it came from."""
     meta = read_meta(folder).get("vocab_size")
+    if explicit and meta and explicit != meta and vocab_from.startswith("model.init_from"):
+        raise ConfigError(f"{vocab_from} has a vocabulary of {explicit}, but {folder / 'meta.pkl'} says the "
+                          f"data's is {meta}: {init_from_fix(explicit)}")
     if explicit and meta and explicit != meta:
         raise ConfigError(f"model.vocab_size={explicit} disagrees with {folder / 'meta.pkl'}'s vocab_size "
                           f"{meta}: drop model.vocab_size to use the data's, or fix meta.pkl")
@@ -232,11 +237,12 @@ def declared_vocab(folder: Path, explicit: int | None) -> tuple[int | None, str]
 
 # ------------------------------------------------------------------ the folder
 def open_folder(folder, dtype: str = "auto", explicit_vocab: int | None = None,
-                block_size: int | None = None) -> TokenFolder:
-    """Every token file of the folder opened and checked; the vocabulary decided and verified."""
+                block_size: int | None = None, vocab_from: str = "model.vocab_size") -> TokenFolder:
+    """Every token file of the folder opened and checked; the vocabulary decided and verified.
+    vocab_from: what set explicit_vocab (model.vocab_size, or model.init_from=<folder>)."""
     folder = Path(folder).resolve()
     layout, files = token_files(folder)
-    vocab, source = declared_vocab(folder, explicit_vocab)
+    vocab, source = declared_vocab(folder, explicit_vocab, vocab_from)
     llmc = True if layout == "llmc" else None  # shards must carry the header; train.bin may
     splits = {s: [open_shard(p, dtype, vocab, llmc) for p in paths] for s, paths in files.items()}
     shards = [sh for s in _SPLITS for sh in splits[s]]
@@ -250,7 +256,7 @@ def open_folder(folder, dtype: str = "auto", explicit_vocab: int | None = None,
     if block_size is not None:
         for split in _SPLITS:
             check_windows(splits[split], block_size, split)
-    check_token_range(result)
+    check_token_range(result, vocab_from)
     return result
 
 
@@ -302,7 +308,7 @@ def scan_range(path, dtype, offset: int, count: int, chunk_bytes: int = SCAN_BYT
     return lo, hi, first
 
 
-def check_token_range(folder: TokenFolder) -> None:
+def check_token_range(folder: TokenFolder, vocab_from: str = "model.vocab_size") -> None:
     """An id >= the vocabulary would index past the embedding: every file is read once."""
     for split in _SPLITS:
         for sh in folder.splits[split]:
@@ -316,11 +322,13 @@ def check_token_range(folder: TokenFolder) -> None:
             if first is not None:
                 raise ConfigError(f"{sh.path} holds token id {hi} (the first too large one at token {first}) "
                                   f"but the vocabulary has {folder.vocab_size} tokens: "
-                                  f"{_range_fix(folder, hi)}")
+                                  f"{_range_fix(folder, hi, vocab_from)}")
 
 
-def _range_fix(folder: TokenFolder, top: int) -> str:
+def _range_fix(folder: TokenFolder, top: int, vocab_from: str = "model.vocab_size") -> str:
     src = folder.vocab_source
+    if src == "model.vocab_size" and vocab_from != src:  # model.init_from=<folder>: its vocabulary
+        return f"the data is not in the tokens of {vocab_from}; {init_from_fix(folder.vocab_size)}"
     if src == "model.vocab_size":
         return f"set model.vocab_size > {top}, or check data.dtype"
     if src == "meta.pkl":
@@ -330,3 +338,13 @@ def _range_fix(folder: TokenFolder, top: int) -> str:
         return f"{src} says {folder.vocab_size}; set model.vocab_size > {top} for this tokenizer"
     return (f"no model.vocab_size and no meta.pkl gave one, so {BYTE_VOCAB} was assumed; "
             f"set model.vocab_size > {top} (50257 for GPT-2 ids), or check data.dtype")
+
+
+def init_from_fix(vocab: int) -> str:
+    """Which data a model of this vocabulary (model.init_from's) trains on."""
+    gpt2 = vocab in (50_257, 50_304)
+    which = " (GPT-2's tokenizer: nanoGPT's or llm.c's GPT-2 token files)" if gpt2 else ""
+    bytes_ = "" if vocab == BYTE_VOCAB else (f"; data=text (bytes) needs a model of vocabulary {BYTE_VOCAB}, "
+                                             "such as a minddp export of a data=text run")
+    return (f"train it on data in its own tokens: data=tokens data.dir=<a folder of ids < {vocab}, prepared "
+            f"with that model's tokenizer{which}>{bytes_}")
