@@ -3,6 +3,7 @@ same 2 gloo ranks: once with torch DDP, once with minddp (`minddp.as_torch_ddp()
 Face Trainer, which builds DDP through accelerate; minddp's Lightning strategies). Every rank's losses,
 reduced gradients, final weights and buffers (BatchNorm's running statistics) are bitwise torch's."""
 
+import contextlib
 import importlib
 import os
 
@@ -69,6 +70,25 @@ def tensors(named) -> dict:
 
 def grads(module) -> dict:
     return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+# ------------------------------------------------------------------ the switch itself
+def _torch_ddp_inside_the_block(rank, world_size):
+    """A torch DDP keeps working inside the block: only the public name changes, not the name in
+    torch's own module, which its forward reads (swapped too, its forward raised AttributeError)."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    results = []
+    for inside in (False, True):
+        model = _compat.TORCH_DDP(_net(unused=False))
+        with minddp.as_torch_ddp() if inside else contextlib.nullcontext():
+            model(x).sum().backward()
+            results.append(grads(model.module))
+    return results
+
+
+def test_a_torch_ddp_works_inside_the_block():
+    for outside, inside in ranks(_torch_ddp_inside_the_block, 2, timeout=TIMEOUT_S):
+        assert outside.keys() == inside.keys() and all(torch.equal(outside[n], inside[n]) for n in outside)
 
 
 # ------------------------------------------------------------------ HF Trainer + accelerate
