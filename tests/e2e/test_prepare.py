@@ -59,3 +59,23 @@ def test_a_killed_prepares_temporary_is_removed_by_the_next_one(tmp_path, capsys
     assert code == 0, err
     assert f"removed {tmp_path / stale[0]}, left by a prepare that did not finish" in err
     assert hidden_leftovers(tmp_path) == [running.name]
+
+
+# ------------------------------------------------------------------ a vocabulary BPE cannot learn
+@pytest.mark.parametrize("vocab,message", [
+    (4294967296, "is more than the most minddp prepare trains (GPT-4's is about 100k): give --vocab-size <= "
+                 "1048576"),
+    (10**9, "give --vocab-size <= 1048576"),
+    (100_000, "is more than BPE can learn from 3800 bytes of training text (256 + one merge per byte): give "
+              "--vocab-size <= 4056"),
+])
+def test_a_vocabulary_bpe_cannot_learn_is_one_line_and_leaves_nothing(tmp_path, vocab, message):
+    """issue 56.7: 2**32 and 10**9 aborted in the tokenizer trainer (SIGABRT, a Rust backtrace,
+    exit 134) and left the temporary folder beside --out. A subprocess: the abort took pytest too."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat. " * 50_000 if vocab > 10**6 else "x" * 4000)  # 1.2 MB
+    p = subprocess.run([sys.executable, "-m", "minddp", "prepare", str(corpus), "--out", str(tmp_path / "o"),
+                        "--tokenizer", "bpe", "--vocab-size", str(vocab)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and message in p.stderr, p.stderr[-2000:]
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["c.txt"]

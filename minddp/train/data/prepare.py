@@ -29,6 +29,7 @@ from tqdm import tqdm
 from ..io.atomic import fsync_dir, umask
 from .sources import corpus_files
 
+MAX_BPE_VOCAB = 1 << 20  # a BPE vocabulary past any in use (GPT-4's ~100k, Gemma's 256k)
 BYTES_TOKENIZER = {"type": "bytes", "vocab_size": 256}  # minddp's marker: ids are the raw bytes
 OUTPUTS = ("train.bin", "val.bin", "meta.pkl", "tokenizer.json")
 CHUNK_BYTES = 1 << 20
@@ -120,6 +121,17 @@ def train_bpe(files: list[Path], stop: int, vocab_size: int):
     with tqdm(total=stop, unit="B", unit_scale=True, desc="train BPE", disable=None) as bar:
         tok.train_from_iterator(text_pieces(counted(byte_chunks(files, 0, stop), bar)), trainer)
     return tok
+
+
+def check_bpe_reach(vocab_size: int, train_bytes: int) -> None:
+    """A vocabulary BPE can learn: each merge joins two tokens of the training text, so it makes at
+    most one new token per byte; and at most MAX_BPE_VOCAB (the trainer reserves room for the
+    whole request: 10**9 aborts the process, SIGABRT, leaving the temporary folder behind)."""
+    most = min(MAX_BPE_VOCAB, 256 + train_bytes)
+    if vocab_size > most:
+        why = ("the most minddp prepare trains (GPT-4's is about 100k)" if most == MAX_BPE_VOCAB
+               else f"BPE can learn from {train_bytes} bytes of training text (256 + one merge per byte)")
+        raise PrepareError(f"--vocab-size {vocab_size} is more than {why}: give --vocab-size <= {most}")
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
@@ -287,10 +299,12 @@ def prepare(input_path, out, tokenizer: str = "bytes", vocab_size: int | None = 
     input_path, out = Path(input_path), Path(out)
     if out.is_symlink():  # write through it: the link stays, its target folder is replaced
         out = Path(os.path.realpath(out))
-    vocab_size = check_vocab(tokenizer, vocab_size)
+    asked, vocab_size = vocab_size, check_vocab(tokenizer, vocab_size)
     files = input_files(input_path)
     total = sum(f.stat().st_size for f in files)
     cut = split_point(files, val_fraction, total, tokenizer)
+    if tokenizer == "bpe" and asked is not None:  # the default (4096) of a smaller text: what it can learn
+        check_bpe_reach(asked, cut)
     check_out(out, input_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
