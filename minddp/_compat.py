@@ -37,8 +37,8 @@ if not torch_supported():  # say it once, at import, rather than fail somewhere 
 
 # torch's DDP class, taken once, where dynamo takes it (torch._dynamo.convert_frame binds this name at
 # its import). Never look it up by `torch.nn.parallel.DistributedDataParallel` at call time: a user who
-# runs minddp inside a library that builds torch's DDP itself (HF Trainer, Lightning) puts minddp's
-# class under torch's names (minddp.as_torch_ddp), and minddp must still find torch's.
+# runs minddp inside a library that builds torch's DDP itself (HF Trainer) puts minddp's class under
+# that name (minddp.as_torch_ddp), and minddp must still find torch's.
 TORCH_DDP = torch.nn.parallel.distributed.DistributedDataParallel
 
 # torch's modules that bind `torch.nn.parallel.DistributedDataParallel` when they are imported (DCP's

@@ -1,4 +1,4 @@
-"""minddp under Lightning (2.x, the `lightning` package): its DDP strategies with minddp's wrapper.
+"""minddp under Lightning (the `lightning` package, 2.6): its DDP strategies with minddp's wrapper.
 
     from minddp.integrations.lightning import MinddpFabricStrategy, MinddpStrategy
 
@@ -49,6 +49,7 @@ class MinddpStrategy(DDPStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._forward_redirection = _MinddpForwardRedirection()
+        self._first_static_backward_done = False
 
     def _setup_model(self, model) -> DistributedDataParallel:
         return _wrap(model, self.determine_ddp_device_ids(), self._ddp_kwargs)
@@ -56,10 +57,13 @@ class MinddpStrategy(DDPStrategy):
     def _register_ddp_hooks(self) -> None:
         if self.root_device.type == "cuda":  # Lightning registers comm hooks on GPUs only
             _register_ddp_comm_hook(model=self.model, ddp_comm_state=self._ddp_comm_state,
-                                    ddp_comm_hook=self._ddp_comm_hook, ddp_comm_wrapper=self._ddp_comm_wrapper)
+                                    ddp_comm_hook=self._ddp_comm_hook,
+                                    ddp_comm_wrapper=self._ddp_comm_wrapper)
 
     def pre_backward(self, closure_loss) -> None:
-        if isinstance(self.model, DistributedDataParallel) and not self.lightning_module.automatic_optimization:
+        """Manual optimization: Lightning's own preparation, on minddp's reducer."""
+        manual = not self.lightning_module.automatic_optimization
+        if isinstance(self.model, DistributedDataParallel) and manual:
             prepare_for_backward(self.model, closure_loss)
 
     def post_backward(self, closure_loss) -> None:
@@ -67,9 +71,9 @@ class MinddpStrategy(DDPStrategy):
         model, module = self.model, self.lightning_module
         if (isinstance(model, DistributedDataParallel) and module is not None
                 and not module.automatic_optimization and model.static_graph
-                and not self._pl_static_graph_delay_done):
+                and not self._first_static_backward_done):
             _compat.delay_all_reduce(model)
-            self._pl_static_graph_delay_done = True
+            self._first_static_backward_done = True
 
     def teardown(self) -> None:
         if isinstance(self.model, DistributedDataParallel):
@@ -115,8 +119,9 @@ class _MinddpBackwardSyncControl(_BackwardSyncControl):
         if not enabled:
             return nullcontext()
         if not isinstance(module, DistributedDataParallel):
-            raise TypeError("Blocking backward sync needs a module wrapped in minddp's DistributedDataParallel "
-                            f"(MinddpFabricStrategy.setup_module); got {type(module).__name__}")
+            raise TypeError("Blocking backward sync needs a module wrapped in minddp's "
+                            "DistributedDataParallel (MinddpFabricStrategy.setup_module); "
+                            f"got {type(module).__name__}")
         return module.no_sync()
 
 
