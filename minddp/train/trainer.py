@@ -119,7 +119,7 @@ class Trainer:
         self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
         self.faults = Faults(t, info.rank)
         self.checkpoints = CheckpointManager(self.run_dir, t, info.device.type, self.tracker.info,
-                                             self.faults.pause)
+                                             self.faults.pause, resumed_at=self.start)
         self.tracker.info(self.checkpoints.describe())
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
@@ -262,7 +262,7 @@ class Trainer:
     def save_if_due(self, step: int, last: bool) -> None:
         """Commit the save written beside this step, save if one is due, apply retention
         (checkpoint/manager.py); the run's last save is in the foreground."""
-        self.checkpoints.after_step(step, last, self._write_checkpoint)
+        self.checkpoints.after_step(step, last, self._write_checkpoint, healthy=self.guard.in_a_row == 0)
 
     def _write_checkpoint(self, step: int, background: bool):
         return state.save(
@@ -271,7 +271,7 @@ class Trainer:
             background=background, timeout_s=self.t.timeout_s,
             pause=lambda: self.faults.pause("checkpoint_write", step),
             saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
-                        "skipped_steps": self.skipped})
+                        "skipped_steps": self.skipped, "nonfinite_streak": self.guard.in_a_row})
 
     def train_step(self, step: int) -> StepResult:
         """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""

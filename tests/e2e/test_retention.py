@@ -3,6 +3,8 @@ start-up line says, across a resume; a run saved by an earlier version (files, e
 kept) resumes under the new defaults (folders, the newest 3) bitwise; a negative train.ckpt_keep
 is one line and exit 2 on every rank; the run's end says what its checkpoints take on disk."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -73,3 +75,59 @@ def test_a_negative_ckpt_keep_is_one_line_and_exit_2_on_every_rank(tmp_path):
         assert (f"[rank {rank}] minddp: configuration error: train.ckpt_keep=-1 must be >= 0" in p.stderr), \
             p.stderr[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_diverged_resume_keeps_the_way_back(tmp_path):
+    """Issue 56.2: a healthy run (a checkpoint every 2 steps, the newest 3 kept) resumed with
+    optim.lr=1e30 diverges at once: every step after the first is skipped until the guard stops
+    the run (exit 3). Its saves during the streak take no slot, so the checkpoints from before it
+    stay, and the guard's advice (resume from an earlier checkpoint) is one command that works."""
+    args = [*SMALL, "train.max_steps=30", "train.ckpt_every=2", "train.eval_every=0",
+            "train.max_skipped_steps=6"]
+    run = tmp_path / "run"
+    run_train(run, *args, "train.stop_at_step=10")
+    assert _names(run) == ["ckpt_00000010", "ckpt_00000008", "ckpt_00000006"]
+    p = run_train(run, *args, "train.resume=auto", "optim.lr=1e30", check=False)
+    assert p.returncode == 3, (p.stdout + p.stderr)[-3000:]
+    assert "6 steps in a row (12..17) had a non-finite loss or gradient" in p.stderr, p.stderr[-3000:]
+    assert _names(run) == ["ckpt_00000016", "ckpt_00000014", "ckpt_00000012", "ckpt_00000010",
+                           "ckpt_00000008", "ckpt_00000006"]
+    back = run / "checkpoints" / "ckpt_00000010"
+    p = run_train(run, *args, f"train.resume={back}", "train.stop_at_step=12")
+    assert f"resumed from {back} at step 10" in p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_a_keep_every_that_divides_ckpt_every_is_said_at_start_up(tmp_path):
+    p = run_train(tmp_path / "run", *ARGS, "train.max_steps=2", "train.ckpt_keep_every=1")
+    assert ("train.ckpt_keep_every=1 divides train.ckpt_every=1: every checkpoint is a milestone kept "
+            "forever, so train.ckpt_keep=3 deletes none") in p.stdout + p.stderr
+
+
+@pytest.mark.slow
+def test_a_read_only_checkpoints_folder_stops_the_run_at_start_up(tmp_path, request):
+    """Issue 56.11: found only at the first save before. As an unprivileged user (root writes
+    anywhere): the run dir is theirs, its checkpoints/ is not; one line, exit 2. (Every rank
+    checks and the verdict is agreed: tests/dist/test_retention_rank0.py.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.conftest import ROOT, as_nobody
+
+    base = Path(tempfile.mkdtemp(dir=tmp_path.anchor + "tmp"))  # pytest's is private to its user
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    os.chmod(base, 0o755)
+    run = base / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    os.chown(run, 65534, 65534)
+    env = {**os.environ, "HOME": str(base), "MINDDP_RUN_DIR": str(run), "OMP_NUM_THREADS": "1"}
+    cmd = as_nobody([sys.executable, str(ROOT / "train.py"), *ARGS, "train.resume=auto"])
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=base, timeout=180)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    said = f"configuration error: cannot write checkpoints in {run / 'checkpoints'} (Permission denied)"
+    assert said in p.stderr and "make it writable" in p.stderr, p.stderr[-3000:]
+    assert "step 1" not in p.stdout + p.stderr  # refused before training

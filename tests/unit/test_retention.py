@@ -189,3 +189,61 @@ def test_a_trash_left_that_cannot_be_removed_is_a_warning_at_start_up_never_an_e
     assert len(store.trash_left(tmp_path)) == 1
     assert checkpoint.resolve(tmp_path, "auto", "cpu")[0] == paths[-1]
 
+
+
+# --------------------------------------------- issue 56.2 and 56.11: what counts toward ckpt_keep
+def test_checkpoints_that_do_not_count_never_take_a_slot_and_the_way_back_stays():
+    """A streak's checkpoints (steps skipped as non-finite when saved) and known corrupt ones do
+    not count: the newest `keep` that count stay (the way back from before a divergence), beside
+    the newest `keep` of any kind; the rest goes, the streak's older ones too."""
+    found = _paths(20, 18, 16, 14, 12, 10, 8, 6, 4, 2)
+    streak = set(_paths(20, 18, 16, 14, 12))
+    counts = lambda p: p not in streak  # noqa: E731
+    assert Retention(3).to_delete(found, found[0], counts) == _paths(14, 12, 4, 2)
+    assert Retention(3, 4).to_delete(found, found[0], counts) == _paths(14, 2)  # 12 and 4: milestones
+    assert Retention(3).to_delete(found, found[0]) == _paths(14, 12, 10, 8, 6, 4, 2)  # all counted: as before
+    healed = _paths(26, 24, 22) + found  # healthy saves past the streak: the way back may go now
+    assert Retention(3).to_delete(healed, healed[0], counts) == _paths(20, 18, 16, 14, 12, 10, 8, 6, 4, 2)
+
+
+def test_a_checkpoint_counts_unless_its_small_state_says_a_streak_or_does_not_read(tmp_path):
+    from minddp.train.checkpoint.formats import STREAK, saved_healthy
+
+    d = checkpoint.checkpoint_dir(tmp_path)
+    old = checkpoint.save(tmp_path, 1, {**TINY_STATE, "step": 1})  # saved before the key existed
+    calm = checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2, STREAK: 0})
+    streak = checkpoint.save(tmp_path, 3, {**TINY_STATE, "step": 3, STREAK: 2})
+    folder = write_folder(d / "ckpt_00000004", {**TINY_STATE, "step": 4, STREAK: 1})
+    broken = checkpoint.save(tmp_path, 5, {**TINY_STATE, "step": 5})
+    corrupt(broken, "truncated:100")
+    got = [saved_healthy(p) for p in (old, calm, streak, folder, broken)]
+    assert got == [True, True, False, False, False]
+    assert saved_healthy(write_folder(d / "ckpt_00000006", {**TINY_STATE, "step": 6}))
+
+
+def test_settings_that_do_less_than_they_seem_are_said_at_start_up():
+    assert Retention(0, 5).describe() == ("keeping every checkpoint (train.ckpt_keep=0; "
+                                          "train.ckpt_keep_every=5 changes nothing)")
+    said = Retention(3, 2).caveat(ckpt_every=4)
+    assert said.startswith("train.ckpt_keep_every=2 divides train.ckpt_every=4: every checkpoint is a "
+                           "milestone kept forever, so train.ckpt_keep=3 deletes none")
+    assert Retention(3, 1).caveat(ckpt_every=1) is not None
+    assert Retention(3, 8).caveat(ckpt_every=4) is None and Retention(3, 6).caveat(ckpt_every=4) is None
+    assert Retention(0, 2).caveat(ckpt_every=4) is None and Retention(3, 2).caveat(ckpt_every=0) is None
+
+
+def test_folders_named_like_temporary_files_are_left_with_a_warning_not_a_traceback(tmp_path, caplog):
+    """Start-up clean-up once unlinked them and stopped with IsADirectoryError."""
+    _files(tmp_path, [2])
+    d = checkpoint.checkpoint_dir(tmp_path)
+    dirs = [d / ".ckpt_00000004.pt.k3j_9x2a.tmp", d / ".ckpt_00000004.pt.tmp12345-9f3a",
+            tmp_path / ".metrics.jsonl.abc123.tmp"]
+    for p in dirs:
+        (p / "inside").mkdir(parents=True)
+    orphan = d / ".ckpt_00000006.pt.zz.tmp"
+    orphan.write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, logger="minddp"):
+        removed = checkpoint.remove_crash_leftovers(tmp_path)
+    assert removed == [orphan] and not orphan.exists()
+    assert all((p / "inside").is_dir() for p in dirs)
+    assert caplog.text.count("is a folder named like the temporary file of an interrupted write") == 3

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..io.atomic import atomic_open, remove_orphans
+from ..io.atomic import atomic_open, remove_files, remove_orphans
 from ..safety.together import together
 from . import integrity, store
 from .errors import (
@@ -119,10 +119,7 @@ class FileCheckpoints:
         """The temporary files of writes a crash interrupted: never a checkpoint, and big."""
         d = store.checkpoint_dir(run_dir)
         found = remove_orphans(d, "ckpt_*.pt")  # atomic_open's own: removed by it
-        for p in list(d.glob(_LEGACY_TMP)) if d.is_dir() else []:
-            p.unlink(missing_ok=True)
-            found.append(p)
-        return found
+        return found + (remove_files(d.glob(_LEGACY_TMP)) if d.is_dir() else [])
 
 
 def checked(path, state) -> dict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 from ..io.atomic import remove_orphans
 from . import store
 from .files import FILE, FileCheckpoints
@@ -27,6 +29,23 @@ def load(path, device) -> dict:
     """Any checkpoint, either format: its whole state, layout and checksums checked.
     CheckpointError if it is corrupt, CheckpointReadError (or the memory error) if reading failed."""
     return format_of(path).load(path, device)
+
+
+STREAK = "nonfinite_streak"  # steps skipped in a row when a checkpoint was saved (0: healthy)
+
+
+def saved_healthy(path) -> bool:
+    """Whether a checkpoint was saved outside a non-finite streak, from its small state alone (a
+    folder's state.pt; a file's pickle, its tensors mapped, not read). False when that does not
+    read (corrupt, or a failed read: never counted, so an older one is kept instead); True for a
+    checkpoint from before the key was saved."""
+    p = Path(path)
+    small = p / "state.pt" if FOLDER.owns(p) else p
+    try:
+        state = torch.load(small, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - any failure: not counted, which keeps more, never less
+        return False
+    return isinstance(state, dict) and state.get(STREAK, 0) == 0
 
 
 def remove_crash_leftovers(run_dir) -> list[Path]:

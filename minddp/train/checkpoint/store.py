@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -59,6 +60,22 @@ def is_checkpoint_folder(path) -> bool:
     """A `ckpt_<step>/` folder (train.ckpt_format=dcp): a checkpoint, not a run directory."""
     p = Path(path)
     return p.is_dir() and (m := NAME.match(p.name)) is not None and not m.group(2)
+
+
+def write_problem(run_dir) -> str | None:
+    """Why this process cannot create files in the run's checkpoints folder (or, before the
+    first save made it, in the run dir), None if it can: a file is created there and gone at
+    once (O_TMPFILE where the filesystem has it: nothing is left even by a kill)."""
+    d = checkpoint_dir(run_dir)
+    where = d if d.exists() else Path(run_dir)
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as e:
+        return (f"cannot write checkpoints in {where} ({e.strerror or e}): make it writable (chmod u+w "
+                f"{where}, or remount it read-write), or give the run another directory (MINDDP_RUN_DIR "
+                "or hydra.run.dir); nothing was changed")
+    return None
 
 
 def discard(path: Path, pause=None) -> None:

@@ -9,10 +9,13 @@ own), not mkstemp's 0600.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger("minddp")
 
 
 @contextmanager
@@ -62,12 +65,27 @@ def atomic_write(path, data: bytes | str) -> Path:
 def remove_orphans(folder, name_glob: str = "*") -> list[Path]:
     """Delete the temporary files an earlier crash left for targets matching `name_glob`."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    orphans = list(folder.glob(f".{name_glob}.*.tmp"))
-    for p in orphans:
-        p.unlink(missing_ok=True)
-    return orphans
+    return remove_files(folder.glob(f".{name_glob}.*.tmp")) if folder.is_dir() else []
+
+
+def remove_files(paths) -> list[Path]:
+    """Unlink each of `paths` (files left by interrupted writes); those removed. A folder of such
+    a name is no file of ours and is left alone, and a removal that fails is kept: a warning each,
+    never an error (start-up clean-up must not stop a run)."""
+    removed = []
+    for p in paths:
+        try:
+            if p.is_dir() and not p.is_symlink():
+                log.warning(f"{p} is a folder named like the temporary file of an interrupted write; "
+                            "minddp writes no such folder: left as it is")
+                continue
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning(f"could not remove {p}, left by an interrupted write ({e.strerror or e}): "
+                        "remove it by hand")
+            continue
+        removed.append(p)
+    return removed
 
 
 def fsync_dir(d) -> None:
