@@ -50,7 +50,7 @@ def run_name(variant: str, world: int, cap: float, repeat: int) -> str:
 
 
 def run(run_dir: Path, world: int, cap: float, steps: int, group: str, extra: list[str]) -> None:
-    args = [f"train.max_steps={steps}", "train.eval_every=0", "train.ckpt_every=0",
+    args = [f"train.max_steps={steps}", "train.eval_every=0", "train.ckpt_every=0", "train.ckpt_final=false",
             f"ddp.bucket_cap_mb={cap}", f"wandb.group={group}", *extra]
     cmd = launch(world, str(ROOT / "train.py"), torchrun=False)
     p = run_job(cmd + args, {"MINDDP_RUN_DIR": str(run_dir)}, cwd=ROOT)

@@ -123,6 +123,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_samples: int = 256  # validation windows per evaluation, split over ranks (0 = whole split)
     ckpt_every: int = 100  # 0 = only at the end
+    ckpt_final: bool = True  # save at max_steps (false: only ckpt_every's saves; a stop signal still saves)
     # dcp: a folder ckpt_<step>/, each rank writes its part | file: one ckpt_<step>.pt written by rank 0
     ckpt_format: CkptFormat = CkptFormat.dcp
     # auto | true | false: the write runs beside the next step, committed after it (dcp only);

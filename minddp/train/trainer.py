@@ -120,7 +120,8 @@ class Trainer:
         self.faults = Faults(t, info.rank)
         self.checkpoints = CheckpointManager(self.run_dir, t, info.device.type, self.tracker.info,
                                              self.faults.pause, resumed_at=self.start)
-        self.tracker.info(self.checkpoints.describe())
+        final = "" if t.ckpt_final else "; none at max_steps unless ckpt_every is due (ckpt_final=false)"
+        self.tracker.info(self.checkpoints.describe() + final)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
@@ -252,7 +253,8 @@ class Trainer:
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
         self.guard.after_step(step, result.skipped, self.model, self.opt)
-        self.save_if_due(step, last=step == t.max_steps or stopping)
+        due = bool(t.ckpt_every) and step % t.ckpt_every == 0  # a due save at the end: in the foreground
+        self.save_if_due(step, last=stopping or (step == t.max_steps and (t.ckpt_final or due)))
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
