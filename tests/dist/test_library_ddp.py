@@ -160,6 +160,47 @@ def test_hf_trainer_under_as_torch_ddp_is_bitwise_torch_ddp(tmp_path, name):
     check(ranks(_hf_both, 2, str(tmp_path), HF[name], timeout=TIMEOUT_S))
 
 
+def _accelerate_train() -> dict:
+    """accelerate's own loop, as its `trigger_sync_in_backward` docstring writes it: two forwards under
+    `no_sync`, the second backward synchronised (it calls `model.reducer.prepare_for_backward([])`)."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    net = _net(unused=False)
+    model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    x, y = _data().tensors
+    x, y = x[accelerator.process_index::2], y[accelerator.process_index::2]
+    record = {"losses": [], "grads": [], "buffers": [], "wrapper": [wrapper_class(model)]}
+    for step in range(3):
+        i = step * 8
+        with accelerator.no_sync(model):
+            loss_a = F.cross_entropy(model(x[i:i + 4]), y[i:i + 4])
+            loss_b = F.cross_entropy(model(x[i + 4:i + 8]), y[i + 4:i + 8])
+        accelerator.backward(loss_a)
+        with accelerator.trigger_sync_in_backward(model):
+            accelerator.backward(loss_b)
+        record["losses"].append({"a": loss_a.detach().clone(), "b": loss_b.detach().clone()})
+        record["buffers"].append(tensors(net.named_buffers()))
+        record["grads"].append(grads(net))
+        opt.step()
+        opt.zero_grad()
+    record["final"] = [_state(net)]
+    return record
+
+
+def _accelerate_both(rank, world_size):
+    theirs = _accelerate_train()
+    with minddp.as_torch_ddp():
+        ours = _accelerate_train()
+    return {"torch": theirs, "minddp": ours}
+
+
+@pytest.mark.xfail(reason="engine entries pending", strict=False)  # reducer.prepare_for_backward([])
+def test_accelerates_trigger_sync_in_backward_under_as_torch_ddp_is_bitwise_torch_ddp():
+    need("accelerate", preload=["accelerate"])
+    check(ranks(_accelerate_both, 2, timeout=TIMEOUT_S))
+
+
 # ------------------------------------------------------------------------- Lightning
 def _net(unused: bool) -> nn.Module:
     """A small MLP with BatchNorm (running statistics differ by rank, so the buffer broadcast shows),
