@@ -97,10 +97,10 @@ def write_folder(final, state):
     from minddp.train.checkpoint import folders
 
     small, tensors = folders.split(state)
-    tmp = folders.begin(final)
-    folders.write_small(tmp, small)
-    folders.write_tensors(tmp, tensors)
-    folders.publish(tmp, final, folders.checksums(tmp, [p.name for p in tmp.iterdir()]))
+    tmp, small_sum = folders.begin_with(final, small)
+    saving = folders.BackgroundSave(0, final, tmp, "write", None, small_sum)
+    saving.writer = folders.write_tensors(tmp, tensors)
+    folders.publish(tmp, final, saving.integrity())
     return final
 
 

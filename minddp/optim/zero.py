@@ -30,6 +30,7 @@ so checkpoints load with or without sharding and at any number of ranks (minddp.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,7 @@ class ShardedOptimizer:
         self._steps: tuple[int, BucketSteps] | None = None  # (layout version, its per-bucket steps)
         self.gather_per_bucket = ddp.device.type == "cuda"  # step a shard, gather it, next (see step)
         self._pending_state: dict | None = None  # loaded, applied once the bucket layout is final
+        self._pending_parts: tuple | None = None  # (layout version, own parts, saved state): load_own_state
         inner = [{**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in groups]
         self._slice_shards(inner)
         self.optim = optimizer_class(inner, **defaults)
@@ -138,6 +140,8 @@ class ShardedOptimizer:
         if self._pending_state is not None:  # the engine rebuilt its buckets after the load
             self._apply_state(self._pending_state)
             self._pending_state = None
+        if self._pending_parts is not None:
+            self._apply_parts()
         self.wait_params()
         self._last_waits, self._waits = self._waits, []
         for s in self._segments:
@@ -264,7 +268,8 @@ class ShardedOptimizer:
             return self._pending_state
         self._slice_shards()
         self.wait_params()
-        return zero_state.unsharded(self.ddp, self.optim, self._segments, self._group_params)
+        with self._parts_held():
+            return zero_state.unsharded(self.ddp, self.optim, self._segments, self._group_params)
 
     def sharded_state_dict(self) -> dict:
         """`state_dict()` with this rank's own parts (`zero_state.Piece`) in place of full tensors:
@@ -273,7 +278,47 @@ class ShardedOptimizer:
             return self._pending_state
         self._slice_shards()
         self.wait_params()
-        return zero_state.pieces(self.ddp, self.optim, self._segments, self._group_params)
+        with self._parts_held():
+            return zero_state.pieces(self.ddp, self.optim, self._segments, self._group_params)
+
+    def own_parts(self) -> list[tuple[int, int, int]]:
+        """(position in the unsharded state dict, lo, numel) of each parameter part this rank
+        steps in the current bucket layout: what a checkpoint reads into (load_own_state)."""
+        self._slice_shards()
+        self.wait_params()
+        pos_of = zero_state.positions(self._group_params)
+        return [(pos_of[s.param], s.lo, s.hi - s.lo) for s in self._segments]
+
+    def load_own_state(self, parts: dict, saved_state: dict, param_groups: list) -> None:
+        """This rank's parts of a checkpoint's optimizer state, as own_parts() cut them
+        ({position: (lo, {key: flat part})}; the scalars, `step`, from `saved_state`, the
+        unsharded state dict's with any stand-in for the tensors). Taken at the first step: if
+        the engine rebuilt its buckets in between, each part moves to the rank that steps it
+        then (zero_state.moved), bit for bit."""
+        for g, saved in zip(self.optim.param_groups, param_groups):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self._pending_state = None
+        self._pending_parts = (self._version, parts, saved_state)
+
+    def _apply_parts(self) -> None:
+        version, parts, saved = self._pending_parts
+        self._pending_parts = None
+        if version != self._version:
+            parts = zero_state.moved(self.ddp, parts, saved, self._segments, self._group_params)
+        zero_state.install(self.optim, parts, saved, self._segments, self._group_params)
+
+    @contextmanager
+    def _parts_held(self):
+        """A save before the first step after a load: the loaded parts stand as the state."""
+        if self._pending_parts is None or self._pending_parts[0] != self._version:
+            yield
+            return
+        _, parts, saved = self._pending_parts
+        zero_state.install(self.optim, parts, saved, self._segments, self._group_params)
+        try:
+            yield
+        finally:
+            self.optim.state.clear()
 
     def load_state_dict(self, sd: dict) -> None:
         """Load an unsharded optimizer state dict (from any layout): this rank keeps its slices,

@@ -115,3 +115,54 @@ def load_shards(optim, sd: dict, segments, group_params) -> None:
             else:
                 st[key] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
         optim.state[s.tensor] = st
+
+
+def positions(group_params) -> dict[int, int]:
+    """{engine parameter index: its position in the unsharded state dict}."""
+    return {i: pos for pos, i in enumerate(i for ids in group_params for i in ids)}
+
+
+def install(optim, parts: dict, saved: dict, segments, group_params) -> None:
+    """Loaded parts ({position: (lo, {key: flat part})}, cut as `segments` are) as the inner
+    optimizer's state; the scalars (`step`) from `saved`, the unsharded state dict's."""
+    pos_of = positions(group_params)
+    optim.state.clear()
+    for s in segments:
+        pos = pos_of[s.param]
+        if pos not in parts:
+            continue
+        lo, tensors = parts[pos]
+        if lo != s.lo or any(t.numel() != s.hi - s.lo for t in tensors.values()):
+            raise RuntimeError(f"a loaded optimizer part of parameter {pos} is not this rank's segment")
+        st = {k: t.to(s.tensor.device, s.tensor.dtype) for k, t in tensors.items()}
+        for k, v in (saved.get(pos) or {}).items():
+            if k not in st:
+                st[k] = v.clone().to(s.tensor.device) if isinstance(v, torch.Tensor) else v
+        optim.state[s.tensor] = st
+
+
+def moved(ddp, parts: dict, saved: dict, segments, group_params) -> dict:
+    """Parts cut by an earlier bucket layout, re-cut as `segments` (the layout now): bucket by
+    bucket and key by key, each rank puts its parts into a zero buffer of the bucket and one
+    all-reduce over its bytes (one writer per element: a copy, bit for bit) gives every rank
+    the bucket, of which it keeps its segments. A collective; a bucket's buffer at a time."""
+    pos_of = positions(group_params)
+    keys = sorted({k for st in saved.values() for k, v in st.items()
+                   if isinstance(v, torch.Tensor) and v.dim() > 0})
+    dtypes = {k: next(v.dtype for st in saved.values() for kk, v in st.items() if kk == k) for k in keys}
+    out: dict = {}
+    for b, bucket in enumerate(ddp.layout.buckets):
+        for key in keys:
+            whole = torch.zeros(bucket.buffer.numel(), dtype=dtypes[key], device=bucket.buffer.device)
+            for k, i in enumerate(bucket.param_ids):
+                lo, tensors = parts.get(pos_of[i], (0, {}))
+                if key in tensors:
+                    off = bucket.offsets[k] + lo
+                    whole[off:off + tensors[key].numel()] = tensors[key]
+            dist.all_reduce(whole.view(torch.uint8), group=ddp.process_group)
+            for s in segments:
+                pos = pos_of[s.param]
+                if s.bucket == b and key in (saved.get(pos) or {}):
+                    off = bucket.offsets[bucket.param_ids.index(s.param)]
+                    out.setdefault(pos, (s.lo, {}))[1][key] = whole[off + s.lo:off + s.hi].clone()
+    return out

@@ -100,15 +100,19 @@ class Trainer:
         self.model = self._build_model()
         self.batches = ShardedBatches(self.train_set, mesh.dp_size, mesh.dp_rank, t.micro_batch_size,
                                       self.accum, cfg.seed, info.device)
+        self.ddp = self._wrap(self.model)
+        self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
+        # the checkpoint goes into the objects it restores: a folder's tensors are read in place,
+        # each rank its own part (_load_in_place); a file's whole state by load_model and _restore
         fits = checkpoint.shape_check(cfg.model, build_model, self.vocab_size)  # else corrupt: the previous
-        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits)
+        self.resume_bytes_read = 0
+        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits,
+                                                               into=self._load_in_place)
         resume_notes = resume_check.check_saved(ckpt_state, self.run_config(), self.data_info.as_dict(),
                                                 t.resume_force, self.ckpt_path, self.global_batch)
         state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
         self._init_from(ckpt_state)
-        self.ddp = self._wrap(self.model)
-        self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
         self._restore(ckpt_state)  # self.start: 0 for a fresh run
         self._setup_throughput()
         self.tracker = self._make_tracker()
@@ -364,6 +368,11 @@ class Trainer:
             log.info(f"wrote {files[0]} and {files[1]}")
 
     # ------------------------------------------------------------ checkpoints
+    def _load_in_place(self, path, saved) -> None:
+        """A folder checkpoint's tensors into this rank's model and optimizer, its parts only."""
+        self.resume_bytes_read = state.load_in_place(path, saved, model=self.model, opt=self.opt,
+                                                     mesh=self.mesh)
+
     def _restore(self, saved) -> None:
         """Optimizer, schedule and RNG of a loaded checkpoint, and a guard that can name it."""
         self.start = state.load_training_state(saved, opt=self.opt, sched=self.sched, mesh=self.mesh,

@@ -143,7 +143,7 @@ def test_a_save_a_crash_interrupted_is_removed_and_never_chosen(saved_run, tmp_p
     assert "resumed from" in p.stdout + p.stderr and not leftover.exists()
     assert [r["step"] for r in metrics(run)] == list(range(1, 10))
     sums = json.loads((checkpoint.latest(run) / "integrity.json").read_text())
-    assert checkpoint.latest(run).name == "ckpt_00000009" and {".metadata", "state.pt"} <= sums.keys()
+    assert checkpoint.latest(run).name == "ckpt_00000009" and {".metadata", "state.pt"} <= sums["files"].keys()
 
 
 # ---------------------------------------------------------------- in the background

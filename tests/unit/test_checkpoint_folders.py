@@ -7,7 +7,7 @@ import shutil
 import torch
 
 from minddp.optim.zero_state import Piece
-from minddp.train.checkpoint import folders, remove_crash_leftovers
+from minddp.train.checkpoint import CheckpointError, folders, remove_crash_leftovers
 from tests.files import write_folder
 
 
@@ -28,10 +28,10 @@ def test_parts_that_do_not_tile_the_tensor_are_corrupt(tmp_path):
     state = {"model": {}, "optimizer": {"state": {0: {"exp_avg": Piece((8,), 3, torch.ones(5))}}}}
     write_folder(tmp_path / "ckpt_00000001", state)
     try:
-        folders.load_folder(tmp_path / "ckpt_00000001", "cpu")
+        folders.FOLDER.load(tmp_path / "ckpt_00000001", "cpu")
         raise AssertionError("a tensor with a hole loaded")
-    except folders.CorruptFolder as e:
-        assert "do not join up at element 0 of 8" in str(e)
+    except CheckpointError as e:
+        assert "is corrupt: the stored parts of optimizer/state/0/exp_avg hold 5 of its 8 elements" in str(e)
 
 
 def test_start_up_puts_a_whole_folder_whose_rename_was_cut_in_place_and_removes_the_rest(tmp_path):

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from ..safety.together import together
 from . import integrity
 from .errors import CheckpointError, CheckpointReadError
+from .folders import FOLDER
 from .formats import load, remove_crash_leftovers
 from .store import all_checkpoints, checkpoint_dir, is_checkpoint_folder, listed
 
@@ -48,11 +49,20 @@ def _check_link(run_dir) -> None:
         raise CheckpointError(f"{d} is not a folder: move it away; nothing was changed")
 
 
-def resolve(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dict | None]:
+def open_lazily(path, device) -> dict:
+    """A checkpoint to load in place: a folder's state with meta tensors (FOLDER.open: its small
+    files checked, its tensors left for each rank to read its part); a file, whole."""
+    return FOLDER.open(path, device) if FOLDER.owns(path) else load(path, device)
+
+
+def resolve(run_dir, resume: str, device, accept=None, *, opener=load, skip=(),
+            failures=None) -> tuple[Path | None, dict | None]:
     """train.resume: none -> a fresh start, refused over existing checkpoints; a file -> that
     checkpoint or a clear error; auto, or this run dir (or its checkpoints folder) -> its
     newest usable checkpoint, skipping (and naming) corrupt ones; fresh (auto only) if the
-    run has none. `accept(path, state)` may refuse a loaded state as corrupt (CheckpointError)."""
+    run has none. `accept(path, state)` may refuse a loaded state as corrupt (CheckpointError).
+    `opener(path, device)` reads a state (`load`: whole); `skip`: paths found corrupt already,
+    their reasons in `failures`."""
     _check_link(run_dir)
     found = all_checkpoints(run_dir)
     if resume == "none":
@@ -66,7 +76,7 @@ def resolve(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dic
     if folder is None and resume != "auto":
         if not os.path.exists(resume):
             raise CheckpointError(f"train.resume={resume!r}: no such checkpoint (use none, auto or a path)")
-        return _accepted(Path(resume), load(resume, device), accept)
+        return _accepted(Path(resume), opener(resume, device), accept)
     if folder is not None and os.path.realpath(folder) != os.path.realpath(run_dir):
         raise CheckpointError(
             f"train.resume={resume} continues the run dir {folder}, but this run writes to {run_dir} "
@@ -77,7 +87,7 @@ def resolve(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dic
                                   "that run dir fresh with train.resume=auto")
         log.info(f"no checkpoint in {checkpoint_dir(run_dir)}: starting fresh")
         return None, None
-    return _newest_usable(run_dir, found, device, accept)
+    return _newest_usable(run_dir, found, device, accept, opener, skip, list(failures or ()))
 
 
 def _accepted(path: Path, state: dict, accept) -> tuple[Path, dict]:
@@ -89,11 +99,13 @@ def _accepted(path: Path, state: dict, accept) -> tuple[Path, dict]:
     return path, state
 
 
-def _newest_usable(run_dir, found: list[Path], device, accept) -> tuple[Path, dict]:
-    failures = []
+def _newest_usable(run_dir, found: list[Path], device, accept, opener, skip,
+                   failures: list) -> tuple[Path, dict]:
     for path in found:
+        if str(path) in skip:
+            continue
         try:
-            return _accepted(path, load(path, device), accept)
+            return _accepted(path, opener(path, device), accept)
         except CheckpointError as e:  # corrupt: an older one may do; transient errors propagate
             failures.append(str(e))
             log.warning(f"{e}; trying the previous checkpoint")
@@ -104,27 +116,59 @@ def _newest_usable(run_dir, found: list[Path], device, accept) -> tuple[Path, di
         "train.resume=<path>, or move the checkpoints away to start over")
 
 
-def resolve_agreed(run_dir, resume: str, device, accept=None) -> tuple[Path | None, dict | None]:
+def resolve_agreed(run_dir, resume: str, device, accept=None, into=None) -> tuple[Path | None, dict | None]:
     """`resolve` on rank 0, whose choice is broadcast: on a shared filesystem with attribute
     caching, ranks listing the directory themselves could resume from different steps. Any
-    failure, on any rank, is raised on every rank (never a rank waiting for a dead peer)."""
+    failure, on any rank, is raised on every rank (never a rank waiting for a dead peer).
+    With `into(path, state)` (every rank, a collective) a folder's tensors are not read by the
+    choice: rank 0 checks its small files and sizes, then every rank reads its own part in
+    place; a part damaged on any rank makes the checkpoint corrupt on every rank, and the
+    previous one is chosen (train.resume=auto or a run dir) or the run stops (a path)."""
+    opener = load if into is None else open_lazily
+    skip, failures = set(), []
+    while True:
+        path, state = _agreed_choice(run_dir, resume, device, accept, opener, skip, failures)
+        if into is None or path is None:
+            return path, state
+        error = None
+        try:
+            into(path, state)
+        except Exception as e:  # noqa: BLE001 - agreed below
+            error = e
+        try:
+            together(error, what="resume", kinds=(CheckpointError, CheckpointReadError))
+        except CheckpointError as e:  # corrupt: an older one may do, where resume lets us choose
+            if resume_run_dir(resume) is None and resume != "auto":
+                raise
+            failures.append(str(e))
+            skip.add(str(path))
+            log.warning(f"{e}; trying the previous checkpoint")
+            continue
+        return path, state
+
+
+def _agreed_choice(run_dir, resume, device, accept, opener, skip, failures):
+    """One choice: rank 0's, broadcast; every other rank opens it and checks it the same way."""
     single = not dist.is_initialized() or dist.get_world_size() == 1
+    chosen = dict(opener=opener, skip=skip, failures=failures)
     if single:
-        remove_crash_leftovers(run_dir)
-        return resolve(run_dir, resume, device, accept)
+        if not skip:
+            remove_crash_leftovers(run_dir)
+        return resolve(run_dir, resume, device, accept, **chosen)
     path, state, error = None, None, None
     choice = [None]
     if dist.get_rank() == 0:
         try:  # rank 0's failures, the clean-up's included, reach every rank (never a peer left waiting)
-            remove_crash_leftovers(run_dir)
-            path, state = resolve(run_dir, resume, device, accept)
+            if not skip:
+                remove_crash_leftovers(run_dir)
+            path, state = resolve(run_dir, resume, device, accept, **chosen)
             choice = [str(path) if path else None]
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             error = e
     dist.broadcast_object_list(choice, src=0)
     if dist.get_rank() != 0 and error is None and choice[0]:
         try:
-            path, state = _accepted(Path(choice[0]), load(choice[0], device), accept)
+            path, state = _accepted(Path(choice[0]), opener(choice[0], device), accept)
         except Exception as e:  # noqa: BLE001
             error = e
     together(error, what="resume", kinds=(CheckpointError, CheckpointReadError))

@@ -6,8 +6,10 @@ file format's:
     FOLDER.list(run_dir)                              newest first
     FOLDER.save(run_dir, step, state)                 every rank; committed when it returns
     FOLDER.save_in_background(run_dir, step, state)   every rank; a BackgroundSave to commit()
-    FOLDER.verify(path)                               size and CRC-32 of every file
-    FOLDER.load(path, device)                         the state dict; CheckpointError when corrupt
+    FOLDER.verify(path)                               every file's size, every byte's CRC-32
+    FOLDER.load(path, device)                         the whole state dict; CheckpointError when corrupt
+    FOLDER.open(path, device)                         the small state, meta tensors for the large ones
+    FOLDER.load_into(path, targets)                   every rank: its own parts, read in place
     FOLDER.delete(path)                               rank 0: moved aside, then removed
     FOLDER.leftovers(run_dir)                         what a crash left of a save
 
@@ -15,25 +17,30 @@ file format's:
         state.pt          the small state (step, schedule, RNG, config, optimizer options), each
                           large tensor replaced by a reference {"__dcp__": name}; rank 0 writes it
         .metadata         DCP's index, and its files __<rank>_<n>.distcp: the model and optimizer
-                          tensors, each written once (a replicated one by one rank, DCP's dedup)
-        integrity.json    size and CRC-32 of every file above: written last, so a folder without it
-                          is no checkpoint
+                          tensors in their whole shapes, each rank's parts at their offsets
+                          (sharded.Shards: tp slices, ZeRO-1 parts), each written once
+        integrity.json    {"version": 2, "files": every file's size (and state.pt's and .metadata's
+                          CRC-32), "chunks": [file, offset, length, CRC-32] of every stored item}:
+                          written last, so a folder without it is no checkpoint
 
-A ZeRO-1 optimizer saves each rank's own part of every state tensor (`zero_state.Piece`, under
-`<name>@<offset>`); a load joins the parts into the full tensor, which any dp size re-cuts.
-A save writes into `.ckpt_<step>.tmp-<id>/`; every rank checksums a share of the files (reading
-back what was written: the save is verified), then rank 0 writes integrity.json and renames the
+A save writes into `.ckpt_<step>.tmp-<id>/`; every item's CRC-32 is taken as DCP writes it
+(sharded.SummingWriter: nothing is read back), then rank 0 writes integrity.json and renames the
 folder. A crash leaves a temporary folder, removed at start-up, or put in place if only its
-rename was missing. Every rank reads back files the others wrote: the run dir must be one every
-rank sees (a shared filesystem; node-local disks: ckpt_format=file). Loading is `no_dist` (any
-rank, any process, no collective), weights_only for state.pt, and DCP's .metadata through
-dcp_reader.SafeReader (a restricted unpickler: a planted folder runs no code).
+rename was missing. A resume reads, on each rank, only the stored items its own tensors overlap
+(`load_into`: DCP's distributed load, any dp/tp/ZeRO-1 layout from any other), each checked
+against its CRC-32 as read (sharded.CheckedReader); `load` reads everything (no_dist: any
+process, no collective). state.pt is read weights_only, DCP's .metadata through
+dcp_reader.SafeReader (a restricted unpickler: a planted folder runs no code). Every rank reads
+files the others wrote: the run dir must be one every rank sees (a shared filesystem; node-local
+disks: ckpt_format=file). Folders of minddp 0.6 (integrity.json of whole files, ZeRO-1 parts
+under `<name>@<offset>`) are loaded whole, as before.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import io
 import json
 import logging
 import os
@@ -54,7 +61,7 @@ from ...optim.zero_state import Piece
 from ..io.atomic import atomic_write, fsync_dir
 from ..safety.together import together
 from . import store
-from .dcp_reader import SafeReader, UnsafeIndex, to_torch_save
+from .dcp_reader import SafeReader, UnsafeIndex, read_index, to_torch_save
 from .errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -66,6 +73,7 @@ from .errors import (
     write_error,
 )
 from .files import checked
+from .sharded import CheckedReader, CorruptChunk, LoadPlanner, SavePlanner, Shards, SummingWriter
 
 REF = "__dcp__"  # the key of a reference to a tensor held by DCP's files
 STATE, INTEGRITY = "state.pt", "integrity.json"
@@ -80,7 +88,7 @@ class CorruptFolder(Exception):
 
 class FolderCheckpoints:
     name, suffix = "dcp", ""
-    verified_by_save = True  # its commit checksums every file as read back
+    verified_by_save = True  # its commit stats every file; each item summed as written, fsynced by DCP
 
     def path(self, run_dir, step: int) -> Path:
         return store.checkpoint_dir(run_dir) / store.name_for(step)
@@ -99,7 +107,7 @@ class FolderCheckpoints:
         checkpoint intact."""
         saving = self._start(run_dir, step, state)
         with saving.cleaned_up_on_error():
-            write_tensors(saving.tmp, saving.tensors)
+            saving.writer = write_tensors(saving.tmp, saving.tensors)
         return saving.commit()
 
     def save_in_background(self, run_dir, step: int, state: dict, *, timeout_s: float = 1800.0,
@@ -119,45 +127,42 @@ class FolderCheckpoints:
         return saving
 
     def _start(self, run_dir, step: int, state: dict) -> BackgroundSave:
-        """Rank 0 makes the temporary folder and writes the small state into it."""
+        """Rank 0 makes the temporary folder and writes the small state into it (one collective)."""
         final = self.path(run_dir, step)
         small, tensors = split(state)
         what = f"save step {step}"
-        tmp = _on_rank0(lambda: begin(final), final, what)
-        saving = BackgroundSave(step, final, tmp, what, tensors)
-        with saving.cleaned_up_on_error():
-            _on_rank0(lambda: write_small(tmp, small), final, what)
-        return saving
+        tmp, small_sum = _on_rank0(lambda: begin_with(final, small), final, what)
+        return BackgroundSave(step, final, tmp, what, tensors, small_sum)
 
     # ------------------------------------------------------------------------- load
     def verify(self, path) -> None:
-        try:
+        """Every file's size and every byte's checksum (all of it read)."""
+        with _reading(Path(path)):
             verify_files(Path(path))
-        except CorruptFolder as e:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
-        except OSError as e:
-            raise read_error(path, e) from e
 
     def load(self, path, device) -> dict:
         """The whole state, as a file holds it. CheckpointError for a damaged folder,
         CheckpointReadError for a failed read (the folder may be fine)."""
-        path = Path(path)
-        try:
-            state = load_folder(path, device)
-        except (CorruptFolder, UnsafeIndex) as e:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
-        except OSError as e:
-            raise read_error(path, e) from e
-        except dcp.CheckpointException as e:  # DCP's own: the reads' failures, per rank
-            cause = first_failure(e)
-            if isinstance(cause, OSError):
-                raise read_error(path, cause) from e
-            raise unreadable(path, cause) from None
-        except Exception as e:  # noqa: BLE001 - state.pt that does not parse, memory: as a file's
-            if is_transient(e):
-                raise
-            raise unreadable(path, e) from None
+        with _reading(Path(path)):
+            state = load_folder(Path(path), device)
         return checked(path, state)
+
+    def open(self, path, device) -> dict:
+        """The state with each large tensor a meta tensor of its stored shape and dtype (nothing
+        of it read: `load_into` reads each rank's part); its files' sizes and the small files'
+        checksums checked. A folder of minddp 0.6 (no per-item checksums): the whole state."""
+        path = Path(path)
+        with _reading(path):
+            state = open_folder(path, device)
+        return checked(path, state)
+
+    def load_into(self, path, targets: dict) -> int:
+        """Every rank, a collective: DCP reads into `targets` ({name: Shards or tensor}, each
+        rank's own part) only the stored items they overlap, each checked as read. Returns the
+        bytes this rank read. CheckpointError on every rank if any rank's bytes are damaged."""
+        path = Path(path)
+        with _reading(path):
+            return load_into(path, targets)
 
     def to_torch_file(self, path, out: Path) -> None:
         """One torch.save file of the whole checkpoint (minddp export): torch's own converter,
@@ -199,46 +204,52 @@ class BackgroundSave:
     """A folder checkpoint on its way: its temporary folder, its tensors until written, and the
     future of a background write. `commit()` (every rank, at one point) or `end()` (a way out)."""
 
-    def __init__(self, step: int, final: Path, tmp: Path, what: str, tensors: dict):
+    def __init__(self, step: int, final: Path, tmp: Path, what: str, tensors: dict, small_sum=None):
         self.step, self.final, self.tmp, self.what = step, final, tmp, what
-        self.tensors = tensors
+        self.tensors, self.small_sum = tensors, small_sum
         self.writing: concurrent.futures.Future | None = None
+        self.writer: SummingWriter | None = None  # DCP's, done: on rank 0 every item's checksum
 
     def commit(self) -> Path:
-        """Every rank: the tensors written, the files' checksums (split between the ranks: the
-        save is read back), rank 0's rename. A failure anywhere stops every rank and leaves the
-        previous checkpoint as it was."""
+        """Every rank: the tensors written, then rank 0's integrity.json (the checksums taken as
+        the bytes were written: nothing is read back) and rename; one collective. A failure
+        anywhere stops every rank and leaves the previous checkpoint as it was."""
         with self.cleaned_up_on_error():
             if self.writing is not None:
-                self.writing.result()
+                self.writer = self.writing.result()
                 self.writing = None
-            names = _on_rank0(lambda: sorted(os.listdir(self.tmp)), self.final, self.what)
-            sums, error = {}, None
-            try:
-                sums = checksums(self.tmp, my_share(names, dist.get_rank(), dist.get_world_size()))
-            except FileNotFoundError as e:
-                error = CheckpointWriteError(
-                    f"rank {dist.get_rank()} cannot see {e.filename}, which another rank wrote: "
-                    "train.ckpt_format=dcp needs a run dir every rank sees (a shared filesystem); "
-                    "with node-local disks use train.ckpt_format=file")
-            except OSError as e:
-                error = write_error(self.final, e)
-            parts = together(error, sums, what=self.what, kinds=_KINDS)
-            merged = {k: v for part in parts for k, v in part.items()}
-            _on_rank0(lambda: publish(self.tmp, self.final, merged), self.final, self.what)
+            _on_rank0(lambda: publish(self.tmp, self.final, self.integrity()), self.final, self.what)
         return self.final
+
+    def integrity(self) -> dict:
+        """Rank 0, once DCP's save returned: integrity.json's content. Every file is checked to
+        be there, of its size (a stat): a rank whose files rank 0 cannot see wrote to another disk."""
+        files = {STATE: list(self.small_sum), ".metadata": list(self.writer.metadata_sum)}
+        for name, offset, length, _ in self.writer.chunks:
+            files[name] = [max(files.get(name, [0])[0], offset + length), None]
+        for name, (size, _) in files.items():
+            try:
+                got = (self.tmp / name).stat().st_size
+            except FileNotFoundError:
+                raise CheckpointWriteError(
+                    f"rank 0 cannot see {name}, which another rank wrote: train.ckpt_format=dcp needs a run "
+                    "dir every rank sees (a shared filesystem); with node-local disks use "
+                    "train.ckpt_format=file") from None
+            if got != size:
+                raise CheckpointWriteError(f"{self.tmp / name} holds {got} bytes, {size} were written")
+        return {"version": 2, "files": files, "chunks": self.writer.chunks}
 
     def end(self, timeout_s: float) -> str | None:
         """A way out other than the commit (an error, on any rank, maybe on one alone): no
         collective on the training's groups. Each rank waits for its own write (DCP's collectives
         run on the write's own group, between the write threads); then rank 0 commits the folder
-        alone (checksumming every rank's files itself) if its DCP save completed, which means
-        every rank's did, else removes it. Returns rank 0's closing line (None on the others)."""
+        alone if its DCP save completed, which means every rank's did (its checksums came with
+        it), else removes it. Returns rank 0's closing line (None on the others)."""
         said = f"the checkpoint of step {self.step}, written in the background when the run stopped"
         rank0 = dist.get_rank() == 0
         try:
             if self.writing is not None:
-                self.writing.result(timeout=timeout_s)
+                self.writer = self.writing.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             return (f"{said}: still being written after {timeout_s:.0f} s (train.timeout_s), left as "
                     f"{self.tmp.name}, which the next start removes") if rank0 else None
@@ -247,7 +258,7 @@ class BackgroundSave:
         if not rank0:
             return None
         try:
-            publish(self.tmp, self.final, checksums(self.tmp, sorted(os.listdir(self.tmp))))
+            publish(self.tmp, self.final, self.integrity())
         except Exception as e:  # noqa: BLE001 - a folder that cannot be committed is removed
             return self._removed(said, e)
         return f"{said}: completed and committed as {self.final}"
@@ -286,6 +297,32 @@ def _on_rank0(action, final: Path, what: str):
     return together(error, result, what=what, kinds=_KINDS)[0]
 
 
+@contextmanager
+def _reading(path: Path):
+    """A read's failures as a format's: CheckpointError (corrupt: an older one may do),
+    CheckpointReadError (a failed read: the folder may be fine), memory errors as they are."""
+    damaged = (CorruptFolder, CorruptChunk, UnsafeIndex)
+    try:
+        yield
+    except damaged as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+    except OSError as e:
+        raise read_error(path, e) from e
+    except dcp.CheckpointException as e:  # DCP's own: the reads' failures, per rank
+        cause = first_failure(e)
+        if isinstance(cause, damaged):
+            raise CheckpointError(f"checkpoint {path} is corrupt: {cause}") from None
+        if isinstance(cause, OSError):
+            raise read_error(path, cause) from e
+        raise unreadable(path, cause) from None
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - state.pt that does not parse, memory: as a file's
+        if is_transient(e):
+            raise
+        raise unreadable(path, e) from None
+
+
 # ----------------------------------------------------------------------------- writing
 def split(state: dict) -> tuple[dict, dict[str, torch.Tensor]]:
     """(the small state with references, {name: tensor} for DCP) of a checkpoint's state."""
@@ -295,11 +332,11 @@ def split(state: dict) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def _split(obj, name: str, tensors: dict):
-    if isinstance(obj, Piece):
+    if isinstance(obj, Piece):  # one rank's part of a flattened tensor, placed in the whole
         if obj.tensor is not None:
-            tensors[f"{name}@{obj.lo}"] = obj.tensor
-        return {REF: name, "shape": list(obj.shape)}
-    if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+            tensors[name] = Shards.of_flat_range(obj.shape, obj.lo, obj.tensor)
+        return {REF: name}
+    if isinstance(obj, Shards) or (isinstance(obj, torch.Tensor) and obj.dim() > 0):
         tensors[name] = obj
         return {REF: name}
     if isinstance(obj, dict):
@@ -316,23 +353,45 @@ def begin(final: Path) -> Path:
     return tmp
 
 
-def write_small(tmp: Path, small: dict) -> None:
+def begin_with(final: Path, small: dict) -> tuple[Path, tuple[int, int]]:
+    """Rank 0: the temporary folder with the small state in it; (folder, its size and CRC-32)."""
+    tmp = begin(final)
+    try:
+        return tmp, write_small(tmp, small)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_small(tmp: Path, small: dict) -> tuple[int, int]:
+    """state.pt, fsynced; (its size, its CRC-32), taken from the bytes written."""
+    buf = io.BytesIO()
+    torch.save(small, buf)
+    data = buf.getbuffer()
     with open(tmp / STATE, "wb") as f:
-        torch.save(small, f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return len(data), zlib.crc32(data)
 
 
 def stage(tensors: dict) -> dict:
     """A host copy of every tensor, for a write in the background: training goes on changing
     the originals (on a GPU, a device-to-host copy)."""
-    return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
+    def copy(t):
+        return t.detach().to("cpu", copy=True)
+    return {k: (Shards(t.size, [(o, copy(c)) for o, c in t.chunks]) if isinstance(t, Shards) else copy(t))
+            for k, t in tensors.items()}
 
 
-def write_tensors(tmp: Path, tensors: dict) -> None:
-    """Every rank, a collective: DCP plans which rank writes each tensor, then each writes
-    its files (fsynced) and rank 0 the metadata, after every rank's writes."""
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not dist.is_initialized())
+def write_tensors(tmp: Path, tensors: dict, group=None) -> SummingWriter:
+    """Every rank, a collective: DCP plans which rank writes each tensor (each Shards' chunk at
+    its global offsets, a replicated one once), then each writes its files (fsynced, each item
+    checksummed as written) and rank 0 the metadata. The writer: on rank 0, every checksum."""
+    writer = SummingWriter(tmp)
+    dcp.save(tensors, storage_writer=writer, planner=SavePlanner(), process_group=group,
+             no_dist=not dist.is_initialized())
+    return writer
 
 
 def write_in_background(tmp: Path, staged: dict, timeout_s: float = 1800.0,
@@ -349,8 +408,7 @@ def write_in_background(tmp: Path, staged: dict, timeout_s: float = 1800.0,
         try:
             if before is not None:
                 before()
-            dcp.save(staged, storage_writer=dcp.FileSystemWriter(tmp), process_group=group)
-            done.set_result(None)
+            done.set_result(write_tensors(tmp, staged, group))
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException: raised by result()
             done.set_exception(e)
 
@@ -364,11 +422,6 @@ def _background_group(world, timeout_s: float):
     background write: a collective every rank reaches at the same step), timing out as the
     training's collectives do (train.timeout_s)."""
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-
-
-def my_share(names: list[str], rank: int, world: int) -> list[str]:
-    """The files this rank checksums: reading them back is split between the ranks."""
-    return sorted(names)[rank::world]
 
 
 def checksums(folder: Path, names: list[str]) -> dict[str, list[int]]:
@@ -434,27 +487,108 @@ def load_folder(folder: Path, device) -> dict:
     """The whole state of a folder checkpoint, as a single-file checkpoint holds it.
     CorruptFolder for a damaged folder, UnsafeIndex for a `.metadata` that is not DCP's index
     (dcp_reader.py: read without running code); OSError (transient) for a failed read."""
-    verify_files(folder)
-    small = torch.load(folder / STATE, map_location=device, weights_only=True)
-    if not isinstance(small, dict):
-        raise CorruptFolder(f"{STATE} holds a {type(small).__name__}, not a dict")
-    targets, wholes = _targets(folder, small, device)
-    with warnings.catch_warnings():  # no_dist without a process group is what we mean
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(targets, storage_reader=SafeReader(folder), no_dist=True)
+    sums, small, stored = _opened(folder, device)
+    targets, wholes = _targets(stored, small, device)
+    _dcp_load(folder, sums, targets)
     return {k: (_join(v, wholes) if k in LARGE else v) for k, v in small.items()}
 
 
-def verify_files(folder: Path) -> None:
-    """Every file integrity.json lists, of the size and CRC-32 it gives; CorruptFolder if not."""
+def open_folder(folder: Path, device) -> dict:
+    """The state with a meta tensor (the stored shape and dtype) for each large one: nothing of
+    them read; a folder of 0.6 (whole-file checksums only) is loaded whole."""
+    sums, small, stored = _opened(folder, device)
+    if _version(sums) < 2:
+        return load_folder(folder, device)
+    metas = {}
+    for ref in (r for k in LARGE for r in _refs(small.get(k))):
+        meta = _tensor_meta(stored, ref[REF])
+        metas[ref[REF]] = torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
+    return {k: (_join(v, metas) if k in LARGE else v) for k, v in small.items()}
+
+
+def load_into(folder: Path, targets: dict) -> int:
+    """Every rank: DCP's distributed load of `targets` (this rank's own parts), each stored item
+    read checked; the bytes this rank read."""
+    sums = _integrity(folder)
+    if _version(sums) < 2:
+        raise CorruptFolder("a folder of minddp 0.6 is loaded whole, not in place")
+    return _dcp_load(folder, sums, targets, distributed=dist.is_initialized())
+
+
+def _dcp_load(folder: Path, sums: dict, targets: dict, distributed: bool = False) -> int:
+    reader = CheckedReader(folder, sums["chunks"]) if _version(sums) >= 2 else SafeReader(folder)
+    with warnings.catch_warnings():  # no_dist without a process group is what we mean
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(targets, storage_reader=reader, planner=LoadPlanner(), no_dist=not distributed)
+    return getattr(reader, "bytes_read", 0)
+
+
+def _opened(folder: Path, device) -> tuple[dict, dict, dict]:
+    """(integrity.json, the small state, DCP's index of stored tensors): every file there and of
+    its size; the small files' checksums (0.6's folders: every file's, all read)."""
+    sums = _integrity(folder)
+    if _version(sums) < 2:
+        verify_files(folder, sums)
+        small = torch.load(folder / STATE, map_location=device, weights_only=True)
+        index = SafeReader(folder).read_metadata()
+    else:
+        _check_sizes(folder, sums["files"])
+        small = torch.load(io.BytesIO(_checked_bytes(folder, STATE, sums["files"][STATE])),
+                           map_location=device, weights_only=True)
+        index = read_index(_checked_bytes(folder, ".metadata", sums["files"][".metadata"]))
+    if not isinstance(small, dict):
+        raise CorruptFolder(f"{STATE} holds a {type(small).__name__}, not a dict")
+    return sums, small, index.state_dict_metadata
+
+
+def _integrity(folder: Path) -> dict:
     try:
         sums = json.loads((folder / INTEGRITY).read_text())
     except FileNotFoundError:
         raise CorruptFolder(f"no {INTEGRITY}: an interrupted save, not a whole checkpoint") from None
     except ValueError as e:
         raise CorruptFolder(f"{INTEGRITY} does not parse: {e}") from None
-    if STATE not in sums or ".metadata" not in sums:
+    listed = sums.get("files", {}) if _version(sums) >= 2 else sums
+    if not isinstance(listed, dict) or STATE not in listed or ".metadata" not in listed:
         raise CorruptFolder(f"{INTEGRITY} lists neither {STATE} nor DCP's .metadata")
+    return sums
+
+
+def _version(sums: dict) -> int:
+    """integrity.json's layout: 2 (every stored item's CRC-32, minddp 0.7) or 1 (every file's)."""
+    return 2 if isinstance(sums.get("version"), int) and sums["version"] >= 2 else 1
+
+
+def _check_sizes(folder: Path, files: dict) -> None:
+    for name, (size, _) in sorted(files.items()):
+        try:
+            got = (folder / name).stat().st_size
+        except FileNotFoundError:
+            raise CorruptFolder(f"{name} is missing") from None
+        if got != size:
+            raise CorruptFolder(f"{name} holds {got} bytes, {size} were written")
+
+
+def _checked_bytes(folder: Path, name: str, size_crc) -> bytes:
+    data = (folder / name).read_bytes()
+    if len(data) != size_crc[0] or zlib.crc32(data) != size_crc[1]:
+        raise CorruptFolder(f"checksum mismatch in {name} (a flipped bit or a damaged copy)")
+    return data
+
+
+def verify_files(folder: Path, sums: dict | None = None) -> None:
+    """Every file integrity.json lists, of its size, and every byte of the checksums it gives
+    (every stored item's, or 0.6's every file's); CorruptFolder if not."""
+    sums = _integrity(folder) if sums is None else sums
+    if _version(sums) >= 2:
+        _check_sizes(folder, sums["files"])
+        for name in (STATE, ".metadata"):
+            _checked_bytes(folder, name, sums["files"][name])
+        reader = CheckedReader(folder, sums["chunks"])
+        for name, offset, length, _ in sums["chunks"]:
+            with open(folder / name, "rb") as f:
+                reader._slice_file(f, _Item(name, offset, length))
+        return
     for name, (size, crc) in sorted(sums.items()):
         try:
             got = (folder / name).stat().st_size
@@ -466,10 +600,17 @@ def verify_files(folder: Path) -> None:
             raise CorruptFolder(f"checksum mismatch in {name} (a flipped bit or a damaged copy)")
 
 
-def _targets(folder: Path, small: dict, device) -> tuple[dict, dict]:
+class _Item:
+    """A stored item's place, as DCP's _StorageInfo gives it to the reader."""
+
+    def __init__(self, relative_path: str, offset: int, length: int):
+        self.relative_path, self.offset, self.length = relative_path, offset, length
+
+
+def _targets(stored, small: dict, device) -> tuple[dict, dict]:
     """DCP's load targets for every reference in `small`: a whole tensor per name, and a view
-    into one per part of a joined tensor; ({DCP key: tensor}, {reference name: whole tensor})."""
-    stored = SafeReader(folder).read_metadata().state_dict_metadata
+    into one per part of a joined tensor (0.6's ZeRO-1 parts, `<name>@<offset>`);
+    ({DCP key: tensor}, {reference name: whole tensor})."""
     targets, wholes = {}, {}
     for ref in (r for k in LARGE for r in _refs(small.get(k))):
         name = ref[REF]

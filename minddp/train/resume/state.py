@@ -8,10 +8,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...optim.zero_state import Piece
 from ...parallel import tensor_parallel as tp
 from ..checkpoint import CheckpointError
 from ..checkpoint.files import FILE
 from ..checkpoint.folders import FOLDER, BackgroundSave
+from ..checkpoint.sharded import Shards
 from ..metrics import flight_recorder
 
 
@@ -21,18 +23,20 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     """Every rank, at the same point: what a checkpoint holds of this run, saved in a format's
     own way (checkpoint/files.py, folders.py). A file (0.4's format): full tensors gathered over
     tp (and ZeRO-1's shards over dp), rank 0 writes. A folder (`folder`): each rank writes what it
-    holds, nothing gathered over dp; with `background` the write runs beside the next step and
-    the BackgroundSave is returned, to be committed after it (`commit`). Either way a failed
-    write raises on every rank. Positions are global (samples seen), so any dp can resume.
-    `saved_with`: the run's config and data; `pause`: run before a background write (faults)."""
+    holds, nothing gathered (its tp slices and ZeRO-1 parts placed by their offsets); with
+    `background` the write runs beside the next step and the BackgroundSave is returned, to be
+    committed after it (`commit`). Either way a failed write raises on every rank. Positions are
+    global (samples seen), so any dp can resume. `saved_with`: the run's config and data;
+    `pause`: run before a background write (faults)."""
     flight_recorder.set_context(phase="checkpoint")
     opt.wait_params()
-    # tp splits tensors: with tp > 1 both formats write whole ones (gathered over tp, and a
-    # ZeRO-1 state over dp too); with tp = 1 a folder takes each rank's own tensors as they are
-    own = folder and mesh.tp_size == 1
-    model_state = model.state_dict() if own else tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
-    opt_state = opt.sharded_state_dict() if own else tp.full_optimizer_state(opt, model, mesh.tp_group,
-                                                                              mesh.tp_size)
+    # a folder: each rank's own tensors, placed in the whole ones (sharded.Shards); a file: whole
+    # tensors (gathered over tp, and a ZeRO-1 state over dp too)
+    if folder:
+        model_state, opt_state = own_model_state(model, mesh), own_optimizer_state(opt, mesh)
+    else:
+        model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
+        opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, rng_state(device))
     epoch, pos = batches.position(step)
@@ -44,6 +48,98 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     path = (FOLDER if folder else FILE).save(run_dir, step, everything)
     _said_saved(path, log)
     return path
+
+
+def own_model_state(model, mesh) -> dict:
+    """This rank's model tensors as Shards of the whole ones (its tp slices; the rest whole)."""
+    specs = _specs(model)
+    return {name: (Shards.of_param(t, specs.get(name), mesh.tp_size, mesh.tp_rank) if t.dim() else t)
+            for name, t in model.state_dict().items()}
+
+
+def own_optimizer_state(opt, mesh) -> dict:
+    """The optimizer's state dict with this rank's tensors as Shards of its parameters' whole
+    shape: a ZeRO-1 part (`sharded_state_dict`'s Pieces) or a replica's tp slice."""
+    sharded = hasattr(opt, "sharded_state_dict")
+    sd = opt.sharded_state_dict() if sharded else opt.state_dict()
+    specs = tp._param_specs(opt)
+
+    def own(v, idx):
+        if isinstance(v, Piece):
+            return v if v.tensor is None else Shards.of_flat_range(v.shape, v.lo, v.tensor, specs[idx],
+                                                                   mesh.tp_size, mesh.tp_rank)
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return Shards.of_param(v, specs[idx], mesh.tp_size, mesh.tp_rank)
+        return v
+    state = {idx: {k: own(v, idx) for k, v in st.items()} for idx, st in sd["state"].items()}
+    return {**sd, "state": state}
+
+
+def _specs(model) -> dict:
+    return {n: getattr(p, "tp_shard", None) for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def in_place(saved) -> bool:
+    """A state opened for an in-place load (FOLDER.open): its large tensors are meta tensors."""
+    return bool(saved) and any(isinstance(v, torch.Tensor) and v.is_meta for v in saved["model"].values())
+
+
+def load_in_place(path, saved, *, model, opt, mesh) -> int:
+    """Every rank, a collective: model and optimizer tensors of the folder checkpoint `path`
+    (`saved` opened by FOLDER.open) read into this rank's own tensors, in place, only the
+    stored items they overlap (any dp, tp, ZeRO-1 or not at save). Nothing for a state loaded
+    whole (a file, a folder of 0.6): load_model and load_training_state take those. Returns the
+    bytes this rank read."""
+    if not in_place(saved):
+        return 0
+    specs, targets = _specs(model), {}
+    model_sd = model.state_dict()
+    for name, t in model_sd.items():
+        v = saved["model"].get(name)
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            targets[f"model/{name}"] = Shards.of_param(t, specs.get(name), mesh.tp_size, mesh.tp_rank)
+    opt_sd, finish = _optimizer_targets(opt, saved["optimizer"], mesh, targets)
+    read = FOLDER.load_into(path, targets)
+    with torch.no_grad():
+        for name, t in model_sd.items():  # the small ones (0-dim) came with state.pt
+            v = saved["model"].get(name)
+            if isinstance(v, torch.Tensor) and not v.is_meta:
+                t.copy_(v)
+    finish(opt_sd)
+    return read
+
+
+def _optimizer_targets(opt, saved: dict, mesh, targets: dict):
+    """Buffers for this rank's part of every saved optimizer tensor, added to `targets`; the
+    state dict they make and the function that hands it to the optimizer once read."""
+    specs = tp._param_specs(opt)
+    params = opt.original_params()
+    state = saved["state"]
+    if hasattr(opt, "own_parts"):  # ZeRO-1: the parts this rank steps
+        parts = {}
+        for pos, lo, n in opt.own_parts():
+            st, p = state.get(pos) or {}, params[pos]
+            bufs = {}
+            for key, v in st.items():
+                if isinstance(v, torch.Tensor) and v.is_meta:
+                    bufs[key] = torch.empty(n, dtype=v.dtype, device=p.device)
+                    targets[f"optimizer/state/{pos}/{key}"] = Shards.of_flat_range(
+                        p.shape, lo, bufs[key], specs[pos], mesh.tp_size, mesh.tp_rank)
+            if bufs:
+                parts[pos] = (lo, bufs)
+        return parts, lambda parts: opt.load_own_state(parts, state, saved["param_groups"])
+    sd_state = {}
+    for pos, st in state.items():
+        p, new = params[pos], {}
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor) and v.is_meta:
+                new[key] = torch.empty(p.shape, dtype=v.dtype, device=p.device)
+                targets[f"optimizer/state/{pos}/{key}"] = Shards.of_param(new[key], specs[pos], mesh.tp_size,
+                                                                          mesh.tp_rank)
+            else:
+                new[key] = v
+        sd_state[pos] = new
+    return {"state": sd_state, "param_groups": saved["param_groups"]}, opt.load_state_dict
 
 
 def commit(saving: BackgroundSave, log=None) -> Path:
@@ -60,7 +156,7 @@ def _said_saved(path: Path, log) -> None:
 
 def load_model(model, saved, mesh, path) -> None:
     """The weights of a loaded checkpoint `saved` (read from `path`) into this rank's model."""
-    if not saved:  # checkpoints hold full tensors: any layout can resume any other
+    if not saved or in_place(saved):  # whole tensors (any layout resumes any other); or read in place
         return
     try:
         tp.load_full_state_dict(model, saved["model"], mesh.tp_size, mesh.tp_rank)
@@ -78,7 +174,8 @@ def load_training_state(saved, *, opt, sched, lr_factor, mesh, rank: int, device
         return 0
     inner = opt.optim
     settings = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
-    tp.load_full_optimizer_state(opt, saved["optimizer"], mesh.tp_size, mesh.tp_rank)
+    if not in_place(saved):  # (load_in_place read it)
+        tp.load_full_optimizer_state(opt, saved["optimizer"], mesh.tp_size, mesh.tp_rank)
     for group, mine in zip(inner.param_groups, settings):
         group.update(mine)
     restore_schedule(opt, sched, lr_factor, saved["scheduler"]["last_epoch"])
