@@ -7,8 +7,10 @@ Its arguments are torchrun's. A stop signal that reaches torchrun's agent makes 
 30-line SignalException traceback and exit 1, burying the resume command the workers printed. So
 torchrun runs in a session of its own (a terminal's Ctrl-C reaches this process only) and a
 SIGTERM, SIGINT or SIGUSR1 here goes to the workers alone: they finish the step, checkpoint,
-print the resume command and exit (0 for SIGTERM: torchrun then exits 0 too). Once torchrun is
-done, the resume command the run wrote to <run dir>/train.log is printed again, last.
+print the resume command and exit. A Ctrl-C reaches them as SIGTERM: a worker stopped by SIGINT
+exits 130, and torchrun would print its 40-line ChildFailedError report of the "failed" workers;
+after SIGTERM they exit 0 and torchrun does too. Once torchrun is done, the resume command the
+run wrote to <run dir>/train.log is printed again, last, and this process exits 130 for Ctrl-C.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         stops.append(sig)
         for pid in workers(agent.pid):
             try:
-                os.kill(pid, sig)
+                os.kill(pid, signal.SIGTERM if sig == signal.SIGINT else sig)  # exit 0: torchrun stays quiet
             except ProcessLookupError:
                 pass
 
