@@ -12,7 +12,7 @@ import pytest
 from minddp.tools import export, sample
 from tests.conftest import SMALL, main_exit
 from tests.launch import run_train
-from tests.unit.test_dcp_reader import Payload, replant
+from tests.planted import Payload, replant
 
 ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=2", "train.eval_every=0"]
 

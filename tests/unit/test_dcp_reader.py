@@ -3,33 +3,16 @@
 whose `.metadata` carries a payload (integrity.json recomputed, as anyone can) is corrupt to every
 reader (load, resume's choice, export's converter), and its payload never runs."""
 
-import json
 import pickle
 
 import pytest
 import torch
 
-from minddp.train.checkpoint import FOLDER, CheckpointError, dcp_reader, folders, resolve
+from minddp.train.checkpoint import FOLDER, CheckpointError, dcp_reader, resolve
 from tests.files import TINY_STATE, write_folder
+from tests.planted import Payload, replant
 
 STATE = {**TINY_STATE, "model": {"w": torch.arange(6.0).view(2, 3)}, "step": 2}
-
-
-class Payload:
-    """What an adversary's `.metadata` holds: unpickling it creates `marker`."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').close()",)
-
-
-def replant(folder, metadata: bytes) -> None:
-    """`folder`'s .metadata replaced, its integrity.json recomputed: whole by every checksum."""
-    (folder / ".metadata").write_bytes(metadata)
-    names = [p.name for p in folder.iterdir() if p.name != folders.INTEGRITY]
-    (folder / folders.INTEGRITY).write_text(json.dumps(folders.checksums(folder, names)))
 
 
 @pytest.fixture

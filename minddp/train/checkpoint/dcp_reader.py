@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import warnings
 
 import torch
-import torch.serialization
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint import filesystem as dcp_files
 from torch.distributed.checkpoint import metadata as dcp_meta
 
 from ..io import safe_pickle
@@ -28,17 +28,21 @@ class UnsafeIndex(ValueError):
     """A `.metadata` that names anything DCP's index is not made of, or is not DCP's index."""
 
 
+# what DCP's pickle.dump names, by name as the file does (a torch that renamed one would write,
+# and need, the new name); pathlib's as Python 3.11-3.12 and 3.13+ pickle them
+_META = ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "StorageMeta",
+         "MetadataIndex", "_MEM_FORMAT_ENCODING")
+_NAMES = {("torch.distributed.checkpoint.metadata", n) for n in _META} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout")} | {
+    (m, n) for m in ("pathlib", "pathlib._local") for n in ("PosixPath", "PurePosixPath")}
+
+
 @functools.cache
-def allowed() -> dict:
-    """{(module, name): object} of everything a `.metadata` DCP writes may name."""
-    m = dcp_meta
-    objs = [m.Metadata, m.TensorStorageMetadata, m.ChunkStorageMetadata, m.TensorProperties,
-            m.StorageMeta, m.MetadataIndex, m._MEM_FORMAT_ENCODING, dcp_files._StorageInfo, torch.Size,
-            torch.serialization._get_layout, pathlib.PosixPath, pathlib.PurePosixPath]
-    names = {(o.__module__, o.__qualname__): o for o in objs}
-    names.update({("pathlib", o.__name__): o for o in (pathlib.PosixPath, pathlib.PurePosixPath)})
-    names.update({("torch", n): d for n in dir(torch) if isinstance(d := getattr(torch, n), torch.dtype)})
-    return names
+def allowed() -> frozenset:
+    """{(module, name)} of everything a `.metadata` DCP writes may name: its classes, torch's dtypes."""
+    dtypes = {("torch", n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    return frozenset(_NAMES | dtypes)
 
 
 def read_index(data: bytes) -> dcp_meta.Metadata:
@@ -63,10 +67,9 @@ def _problem(index) -> str | None:
     for name, entry in entries.items():
         if not isinstance(entry, dcp_meta.TensorStorageMetadata):
             return f"entry {name!r} is a {type(entry).__name__}: minddp's folders hold tensors only"
-    for info in files.values():
+    for info in files.values():  # _StorageInfo: the unpickler admitted no other class with this field
         path = getattr(info, "relative_path", None)
-        if not isinstance(info, dcp_files._StorageInfo) or not isinstance(path, str) or \
-                path in ("", ".", "..") or pathlib.PurePath(path).name != path:
+        if not isinstance(path, str) or path in ("", ".", "..") or pathlib.PurePath(path).name != path:
             return f"names a data file outside its folder: {path!r}"
     return None
 
@@ -84,13 +87,13 @@ class SafeReader(FileSystemReader):
 
 
 def to_torch_save(folder, out) -> None:
-    """torch's `dcp_to_torch_save` (format_utils: every entry into one torch.save file), its
-    reader a SafeReader. The index is read first: torch's loader, when it fails, tries a
-    per-rank `__0.metadata` and reports that one's absence instead of the refusal."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    reader, state = SafeReader(folder), {}
-    reader.read_metadata()  # UnsafeIndex here, in one line
-    _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    """One torch.save file of every tensor in a folder, keyed as DCP stores them (what torch's
+    `dcp_to_torch_save` gives for minddp's folders, whose index holds tensors only), read
+    through a SafeReader: DCP's public load into tensors of the index's shapes."""
+    reader = SafeReader(folder)
+    index = reader.read_metadata()  # UnsafeIndex here, in one line
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in index.state_dict_metadata.items()}
+    with warnings.catch_warnings():  # no_dist without a process group is what we mean
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
     torch.save(state, out)
