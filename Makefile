@@ -166,5 +166,5 @@ soak-faults: install  ## faults that lose runs on 2-rank jobs (minutes, root): e
 lint: install  ## ruff
 	$(BIN)/ruff check minddp tests scripts train.py
 
-clean:  ## remove outputs, multirun, wandb, .pytest_cache
-	rm -rf outputs multirun wandb .pytest_cache
+clean:  ## remove outputs, multirun, wandb, build (a wheel's), .pytest_cache
+	rm -rf outputs multirun wandb build .pytest_cache

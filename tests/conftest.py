@@ -38,8 +38,9 @@ def _no_subprocess_in_test_fast(request, monkeypatch):
 
 
 # ------------------------------------- the suite writes only to temporary folders, never the checkout
-# where a run, a sweep or W&B lands by default: what `minddp report outputs` would list as the user's
-DEFAULT_OUTPUTS = ("outputs", "multirun", "wandb")
+# where a run, a sweep or W&B lands by default: what `minddp report outputs` would list as the user's;
+# and build/, which a wheel built in the checkout leaves (its build/lib goes into the next wheel)
+DEFAULT_OUTPUTS = ("outputs", "multirun", "wandb", "build")
 _BEFORE = pytest.StashKey[set]()
 _BLAMED = pytest.StashKey[dict]()
 

@@ -85,10 +85,20 @@ def test_cli_under_torchrun_and_help():
 
 @pytest.mark.slow
 def test_wheel_carries_every_subpackage(tmp_path):
-    """A non-editable install has minddp.demos too (package discovery, not a fixed list)."""
+    """A non-editable install has minddp.demos too (package discovery, not a fixed list). Built
+    from a copy: setuptools leaves build/ in the tree it builds (issue 56.10: `make test` left it
+    in the checkout, where a stale build/lib can carry deleted modules into a later wheel)."""
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", ".*_cache", "outputs", "multirun", "wandb",
+        "wheelhouse", "gpu_check", "data"))
+    had_build = (ROOT / "build").exists()
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                        "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert (ROOT / "build").exists() == had_build, "the wheel's build left build/ in the checkout"
     import zipfile
 
     names = zipfile.ZipFile(next(tmp_path.glob("minddp-*.whl"))).namelist()

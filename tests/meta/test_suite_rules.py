@@ -132,3 +132,14 @@ def test_every_test_module_is_in_a_layer():
     layers = ("unit", "dist", "e2e", "meta")
     outside = [str(p.relative_to(ROOT)) for p in MODULES if p.parent.name not in layers]
     assert not outside, outside
+
+
+def test_make_clean_and_the_leftovers_check_cover_a_wheels_build_folder():
+    """issue 56.10: `make test` left build/ (a wheel built in the checkout); make clean kept it."""
+    import subprocess
+
+    from tests.conftest import DEFAULT_OUTPUTS
+
+    p = subprocess.run(["make", "-n", "clean"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and re.search(r"^rm -rf .*\bbuild\b", p.stdout, re.M), p.stdout
+    assert "build" in DEFAULT_OUTPUTS
