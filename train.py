@@ -19,6 +19,7 @@ os.environ["MINDDP_WORKER_PARENT"] = f"{os.getpid()}:{os.getppid()}"  # first (m
 
 import re
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -61,6 +62,8 @@ def main(cfg: DictConfig) -> None:
         say(rank, f"minddp: {'configuration error' if config else 'stopped'}: {e}")
         wait_for_peers(f"minddp/{type(e).__name__}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
         shutdown()
+        if config:  # every rank, after all reported: a node of its own has its own folder
+            remove_if_empty(run_dir)
         sys.exit(2 if config else 3)
     except BaseException as e:  # everything else: this rank's own report, and the flight recorder
         say(rank, f"minddp: {type(e).__name__}: {e}")
@@ -68,6 +71,18 @@ def main(cfg: DictConfig) -> None:
         raise
     finally:
         shutdown()
+
+
+def remove_if_empty(run_dir: str) -> None:
+    """A refused run leaves no empty outputs/<date>/<time>/ (Hydra made it before main ran): the
+    folder and its emptied parents go, never past the working directory."""
+    path, top = Path(run_dir).resolve(), Path.cwd().resolve()
+    while top in path.parents:
+        try:
+            path.rmdir()  # only an empty folder
+        except OSError:
+            return
+        path = path.parent
 
 
 def say(rank, text: str) -> None:

@@ -33,6 +33,16 @@ def test_a_refused_run_leaves_the_hydra_record_and_train_log_as_they_were(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_refused_run_leaves_no_empty_default_run_dir(tmp_path, nproc):
+    """issue 56.12: Hydra makes outputs/<date>/<time>/ before the settings are checked."""
+    (tmp_path / "keep").mkdir()  # the working directory's own folders stay
+    p = run_train(None, *SMALL, "train.max_steps=-1", nproc=nproc, cwd=tmp_path, check=False)
+    assert p.returncodes == [2] * nproc and "train.max_steps must be >= 1" in p.stderr, p.stderr[-2000:]
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["keep"], list(tmp_path.rglob("*"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["run", "run/sub"])
 def test_a_read_only_run_dir_is_one_line(tmp_path, where, request):
     """As an unprivileged user (root writes anywhere): one line naming the folder, exit 2."""
