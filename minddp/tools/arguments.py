@@ -185,12 +185,13 @@ def _calibration(path: str):
 json_file = readable(_json, "a JSON file")
 CALIBRATION = "a calibration JSON (`make calibrate` writes one)"
 calibration_file = readable(_calibration, CALIBRATION)
-calibration_or_preset = readable(_calibration, CALIBRATION, missing_ok=True)  # missing: the tool's --preset
 
 
 def existing_dir(text: str) -> str:
+    if not Path(text).exists():
+        raise BadValue(f"{text} does not exist")
     if not Path(text).is_dir():
-        raise BadValue(f"{text} is not a folder{' (a file)' if Path(text).exists() else ''}")
+        raise BadValue(f"{text} is a file, not a folder")
     return text
 
 

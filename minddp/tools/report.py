@@ -160,9 +160,10 @@ def load_runs(folder: Path) -> list[dict]:
 def report(folder, out=None, to_wandb: bool = False) -> str:
     folder = Path(folder)
     runs = load_runs(folder)
-    if not runs:
-        raise SystemExit(f"minddp report: error: no run (a folder with a metrics.jsonl that has rows) "
-                         f"under {folder}")
+    if not runs:  # bad input: exit 2, as every tool's
+        print(f"minddp report: error: no run (a folder with a metrics.jsonl that has rows) under {folder}",
+              file=sys.stderr)
+        raise SystemExit(2)
     swept = swept_keys(runs)
     runs.sort(key=lambda r: [in_order(r["keys"].get(k)) for k in swept])
     add_efficiency(runs, swept)

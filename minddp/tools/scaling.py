@@ -37,14 +37,14 @@ import torch
 
 from ..engine.buckets import TensorSpec
 from ..perf import study
-from ..perf.costmodel import PRESETS
+from ..perf.costmodel import DEFAULT_CALIBRATION, PRESETS
 from ..perf.plot import pyplot
 from ..perf.study import STUDY_GPT
 from ..perf.workload import STUDY_BATCH
 from ..train.model import GPT, GPTConfig
 from . import render
 from .arguments import (
-    calibration_or_preset,
+    calibration_file,
     choice_list,
     existing_dir,
     float_list,
@@ -70,7 +70,10 @@ def main(argv=None) -> None:
     # everything the study writes goes under the folder the user named: --out's, else ./outputs
     home = Path(args.out).parent if args.out else Path("outputs")
     out_dir = Path(args.reuse) if args.reuse else (home / group).resolve()
-    cal = study.calibration(args.calibration, args.preset)
+    # a --calibration given must exist (a misspelled path fell back to the preset unseen); the
+    # repository's own file is the default unless --preset is given
+    cal = study.calibration(args.calibration or (None if args.preset else DEFAULT_CALIBRATION),
+                            args.preset or "this-machine-gloo")
     runs = study.collect(args, variants, worlds, caps, out_dir, group)
     results = study.analyse(runs, cal, args.mode, [TensorSpec.of(p) for p in study_params()])
     blocks = report(args, group, cal, len(os.sched_getaffinity(0)), results) + load_note(study.loads(runs))
@@ -100,17 +103,38 @@ def parse(argv=None) -> argparse.Namespace:
                     help="ddp, zero1, overlap (at world 2, beside DDP), or auto (those the trainer has)")
     ap.add_argument("--out", type=writable_out,
                     help="prefix of the .md and .png (default: <the study's folder>/scaling)")
-    ap.add_argument("--calibration", type=calibration_or_preset, default="docs/calibration.json",
-                    help="from `make calibrate` (where there is none: --preset)")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="this-machine-gloo",
-                    help="when there is no calibration file")
+    ap.add_argument("--calibration", type=calibration_file,
+                    help="from `make calibrate` (default: docs/calibration.json, else --preset)")
+    ap.add_argument("--preset", choices=sorted(PRESETS),
+                    help="instead of a calibration file (default where there is none: this-machine-gloo)")
     ap.add_argument("--reuse", metavar="DIR", type=existing_dir,
                     help="re-read the runs of an earlier study instead of running")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after the study's model)")
     args = ap.parse_args(argv)
     if args.warmup >= args.steps:
         ap.error(f"--warmup {args.warmup} leaves none of --steps {args.steps} to measure")
+    if problem := override_problem(args.overrides):
+        ap.error(problem)
     return args
+
+
+def override_problem(overrides: list[str]) -> str | None:
+    """Hydra's refusal of the study's overrides (an unknown key, a wrong type), before any run:
+    otherwise the first run failed with train.py's exit code 1."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..train.config import register
+
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(study.ROOT / "conf"), version_base="1.3"):
+            compose("config", overrides=[*study.MODEL, *overrides])
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = str(e.__cause__).splitlines()[0] if e.__cause__ else ""
+        return f"overrides {' '.join(overrides)}: {str(e).splitlines()[0]}{f' ({cause})' if cause else ''}"
+    return None
 
 
 def load_note(loads: list[float]) -> list[str]:

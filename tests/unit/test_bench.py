@@ -68,7 +68,7 @@ def test_scaling_table_and_figure_hold_the_runs_numbers(tmp_path, drawn_figures,
     fake_run(tmp_path / "runs" / "ws1-cap25", 1, 25, 0.8, 1000, 0.004)
     fake_run(tmp_path / "runs" / "ws2-cap25", 2, 25, 0.5, 1600, 0.05)
     scaling.main(["--reuse", str(tmp_path / "runs"), "--worlds", "1,2", "--caps", "25", "--warmup", "2",
-                  "--out", str(tmp_path / "scaling"), "--calibration", str(tmp_path / "none.json")])
+                  "--out", str(tmp_path / "scaling"), "--preset", "this-machine-gloo"])
     one, two = md_rows((tmp_path / "scaling.md").read_text())
     assert (one["world"], two["world"]) == ("1", "2")
     assert (one["step (ms)"], two["step (ms)"]) == ("800.0", "500.0")

@@ -99,7 +99,7 @@ def test_scaling_writes_into_its_study_and_its_plot_reads_at_a_glance(tmp_path, 
     _study(tmp_path / "study", [1, 5, 25, 100])
     scaling.main(["--reuse", str(tmp_path / "study"), "--worlds", "1,2", "--caps", "25,100,1,5",
                   "--warmup", "1",
-                  "--mode", mode, "--calibration", str(tmp_path / "none.json")])
+                  "--mode", mode, "--preset", "this-machine-gloo"])
     assert (tmp_path / "study" / "scaling.md").exists() and (tmp_path / "study" / "scaling.png").exists()
     assert not (tmp_path / "docs").exists()
     (fig,) = drawn_figures

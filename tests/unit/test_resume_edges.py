@@ -237,4 +237,4 @@ def test_debug_on_a_missing_folder_is_one_line(tmp_path, capsys):
 
     with pytest.raises(SystemExit) as e:
         debug.main([str(tmp_path / "nope")])
-    assert e.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err

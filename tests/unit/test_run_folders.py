@@ -88,7 +88,7 @@ def test_scaling_reuse_skips_what_it_cannot_read_and_keeps_the_others(tmp_path, 
     run(runs / study.run_name("ddp", 4, 25, 0), world=4).joinpath("metrics.jsonl").write_text("")
     run(runs / study.run_name("ddp", 1, 5, 0), rows=2)
     scaling.main(["--reuse", str(runs), "--worlds", "1,2,4", "--caps", "5,25", "--warmup", "2",
-                  "--out", str(tmp_path / "s"), "--calibration", str(tmp_path / "none.json")])
+                  "--out", str(tmp_path / "s"), "--preset", "this-machine-gloo"])
     err = capsys.readouterr().err.splitlines()
     assert any("ws1-cap25/metrics.jsonl: skipped 1 malformed row(s) (line 7)" in line for line in err), err
     assert any(f"skipped {runs / 'ws4-cap25'}: metrics.jsonl has no rows" in line for line in err), err
@@ -104,7 +104,7 @@ def test_scaling_reuse_with_no_readable_run_is_one_line(tmp_path, capsys):
     run(tmp_path / "study" / "ws1-cap25").joinpath("metrics.jsonl").write_text("\n")
     with pytest.raises(SystemExit) as e:
         scaling.main(["--reuse", str(tmp_path / "study"), "--worlds", "1", "--caps", "25",
-                      "--out", str(tmp_path / "s"), "--calibration", str(tmp_path / "none.json")])
+                      "--out", str(tmp_path / "s"), "--preset", "this-machine-gloo"])
     assert "no run of the study under" in str(e.value) and "\n" not in str(e.value)
 
 

@@ -107,7 +107,7 @@ def _study_in_process(tmp_path, monkeypatch, *argv) -> tuple[list, list]:
     monkeypatch.setattr("minddp.tools.report.report", lambda folder, to_wandb: reported.append(Path(folder)))
     monkeypatch.setattr(study.os, "sched_getaffinity", lambda pid: {0, 1})
     scaling.main(["--worlds", "1,2", "--caps", "25", "--steps", "6", "--warmup", "1",
-                  "--calibration", str(tmp_path / "none.json"), *argv])
+                  "--preset", "this-machine-gloo", *argv])
     return runs, reported
 
 

@@ -25,7 +25,7 @@ BAD = {
                 "--variants nope", "--variants ddp,nope", "--preset nope", "--mode x",
                 "--reuse {tmp}/missing", "--reuse {tmp}/afile", "--calibration {tmp}/notjson.txt",
                 "--calibration {tmp}/empty.json", "--calibration {tmp}", "--out {tmp}/afile/s",
-                "--out /proc/nope/s"],
+                "--out /proc/nope/s", "--calibration {tmp}/missing.json", "bogus.key=1"],
     "timeline": ["--bucket-mb -1", "--bucket-mb 0", "--bucket-mb nan", "--bucket-mb x", "--n-layer 0",
                  "--n-embd 100", "--n-embd -6", "--out {tmp}/afile/t", "--out {tmp}/", "--compile x"],
     "bench-ddp": ["--caps x", "--caps=", "--caps -1", "--caps 1,inf", "--repeats 0", "--rounds x",
@@ -48,7 +48,7 @@ BAD = {
                   "allreduce --size 1MB --n x --preset ib-ndr", "tree --preset ib-ndr",
                   "ddp --params 124M --world 8 --preset ib-ndr --dtype fp7"],
     "report": ["{tmp}/missing", "{tmp}/afile", "{tmp}/runs --out {tmp}/afile/rep",
-               "{tmp}/runs --out /proc/nope/rep", "{tmp}/runs --out {tmp}/runs/", ""],
+               "{tmp}/runs --out /proc/nope/rep", "{tmp}/runs --out {tmp}/runs/", "", "{tmp}/runs"],
     "debug": ["", "{tmp}/missing", "{tmp}/afile", "{tmp} {tmp}"],
     "sample": ["", "{tmp} --tokens x", "{tmp} --temperature x", "{tmp} --seed 1.5", "{tmp} --nope"],
     "export": ["", "{tmp}/runs", "--to {tmp}/o", "{tmp}/runs --to {tmp}/o --nope"],
@@ -111,7 +111,10 @@ def test_a_bad_argument_is_one_line_and_exit_2(tool, argv, places, capsys):
     ("bench-ddp", "--caps x", "--caps 'x': 'x' is not a number"),
     ("report", "{tmp}/runs --out {tmp}/afile/rep", "--out {tmp}/afile is a file"),
     ("report", "{tmp}/runs --out /proc/nope/rep", "--out /proc/nope cannot be written"),
-    ("report", "{tmp}/missing", "folder {tmp}/missing is not a folder"),
+    ("report", "{tmp}/missing", "folder {tmp}/missing does not exist"),  # issue 56.12: "is not a folder"
+    ("report", "{tmp}/afile", "folder {tmp}/afile is a file, not a folder"),
+    ("scaling", "--calibration {tmp}/missing.json", "{tmp}/missing.json: no such file; give a calibration"),
+    ("scaling", "bogus.key=1", "overrides bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
     ("costmodel", "ddp --params 124M --world 8", "ddp: give --preset, --calibration, or both --alpha-us"),
     ("bench", "-b 64M -e 8", "-b/--minbytes 6.4e+07 is more than -e/--maxbytes 8"),
 ])
@@ -135,7 +138,7 @@ def test_good_values_parse_to_what_the_tools_use(places):
     args = scaling.parse(["--worlds", "1, 2,4", "--caps", "1,25.5", "--variants", "auto"])
     assert args.worlds == [1, 2, 4] and args.caps == [1.0, 25.5]
     assert args.variants == ["ddp", "zero1", "overlap"]
-    assert scaling.parse([]).calibration == "docs/calibration.json"  # missing: the preset, as before
+    assert scaling.parse([]).calibration is None  # the default: docs/calibration.json, else the preset
     args = bench.parse_sweep(bench._parser(), ["--op", "all", "-b", "1KiB", "-e", "1MB"])
     assert args.op == OPS and args.minbytes == 1024 and args.maxbytes == 1e6
     args = bench.parse_sweep(bench._parser(), ["--op", "all_reduce,broadcast"])
