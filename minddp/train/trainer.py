@@ -106,11 +106,13 @@ class Trainer:
         # the checkpoint goes into the objects it restores: a folder's tensors are read in place,
         # each rank its own part (_load_in_place); a file's whole state by load_model and _restore
         fits = checkpoint.shape_check(cfg.model, build_model, self.vocab_size)  # else corrupt: the previous
-        self.resume_bytes_read = 0
+        self.resume_bytes_read, resume_notes = 0, []
+
+        def check(path, saved) -> None:  # a changed config is refused before anything is read
+            resume_notes[:] = resume_check.check_saved(saved, self.run_config(), self.data_info.as_dict(),
+                                                       t.resume_force, path, self.global_batch)
         self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits,
-                                                               into=self._load_in_place)
-        resume_notes = resume_check.check_saved(ckpt_state, self.run_config(), self.data_info.as_dict(),
-                                                t.resume_force, self.ckpt_path, self.global_batch)
+                                                               into=self._load_in_place, check=check)
         state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
         self._init_from(ckpt_state)
         self._restore(ckpt_state)  # self.start: 0 for a fresh run

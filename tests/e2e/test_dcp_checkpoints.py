@@ -143,7 +143,8 @@ def test_a_save_a_crash_interrupted_is_removed_and_never_chosen(saved_run, tmp_p
     assert "resumed from" in p.stdout + p.stderr and not leftover.exists()
     assert [r["step"] for r in metrics(run)] == list(range(1, 10))
     sums = json.loads((checkpoint.latest(run) / "integrity.json").read_text())
-    assert checkpoint.latest(run).name == "ckpt_00000009" and {".metadata", "state.pt"} <= sums["files"].keys()
+    assert checkpoint.latest(run).name == "ckpt_00000009"
+    assert {".metadata", "state.pt"} <= sums["files"].keys() and sums["version"] == 2
 
 
 # ---------------------------------------------------------------- in the background
@@ -224,3 +225,37 @@ def test_a_folder_save_on_a_full_disk_stops_every_rank_and_keeps_the_previous_on
         assert "previous checkpoint is intact (ckpt_00000001)" in got[0][1], got
         assert sorted(q.name for q in (mnt / "checkpoints").iterdir()) == ["ckpt_00000001"]  # no leftover
         assert checkpoint.load(mnt / "checkpoints" / "ckpt_00000001", "cpu")["step"] == 1
+
+
+# ---------------------------------------------------------------- read in place (issue 55.1)
+@pytest.mark.slow
+def test_a_damaged_item_read_by_one_rank_in_place_falls_back_on_every_rank(saved_run, tmp_path):
+    """Rank 0's choice reads no tensor: the flipped bit is found by the rank whose part holds it,
+    while every rank reads in place; every rank then takes the previous checkpoint."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    newest = checkpoint.latest(run)
+    _flip(newest / "__1_0.distcp")
+    p = run_train(run, *ARGS, DCP, ZERO, "train.max_steps=7", "train.resume=auto", nproc=2)
+    out = p.stdout + p.stderr
+    assert "checksum mismatch in __1_0.distcp" in out and "trying the previous checkpoint" in out, out[-3000:]
+    assert f"resumed from {newest.with_name('ckpt_00000003')} at step 3" in out, out[-3000:]
+    assert [r["step"] for r in metrics(run)] == list(range(1, 8))
+
+
+@pytest.mark.slow
+def test_tp2_folders_hold_each_ranks_slices_and_resume_bitwise(tmp_path):
+    """mesh.tp=2 with ZeRO-1 on dp 2: each rank writes its own slices (a fused qkv weight: 3 parts
+    x 2 tp ranks, never gathered), and the resumed run is the uninterrupted one, bit for bit."""
+    from minddp.train.checkpoint.dcp_reader import SafeReader
+
+    args = [*ARGS, DCP, ZERO, "mesh.tp=2"]
+    run_train(tmp_path / "ref", *args, nproc=4)
+    run_train(tmp_path / "run", *args, "train.stop_at_step=3", nproc=4)
+    folder = checkpoint.latest(tmp_path / "run")
+    entries = SafeReader(folder).read_metadata().state_dict_metadata
+    qkv = next(k for k in entries if k.startswith("model/") and "qkv.weight" in k)
+    assert len(entries[qkv].chunks) == 6, entries[qkv].chunks
+    run_train(tmp_path / "run", *args, "train.resume=auto", nproc=4)
+    _equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
+    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "ref")]
