@@ -45,6 +45,7 @@ class ToolParser(argparse.ArgumentParser):
     def error(self, message: str):
         rank = f"[rank {os.environ.get('RANK', '?')}] " if "LOCAL_RANK" in os.environ else ""  # torchrun
         message = " ".join(str(message).split())  # one line, whatever the message held
+        _remove_made()  # a refused call leaves no empty output folder
         sys.stderr.write(f"{rank}{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
         raise SystemExit(2)
 
@@ -195,13 +196,29 @@ def existing_dir(text: str) -> str:
     return text
 
 
+_made: list[Path] = []  # the folders writable_out_dir made in this process
+
+
+def _remove_made() -> None:
+    """The folders this call made, deepest first, where still empty (ToolParser.error)."""
+    for folder in sorted(_made, key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:  # something was written there meanwhile, or it is gone
+            pass
+    _made.clear()
+
+
 def writable_out_dir(text: str) -> str:
-    """A folder the tool writes into: made if missing (with its parents), and writable."""
+    """A folder the tool writes into: made if missing (with its parents), and writable. A call
+    refused later (ToolParser.error) removes what was made here."""
     folder = Path(text)
     if folder.exists() and not folder.is_dir():
         raise BadValue(f"{text} is a file: give a folder (or a name inside one)")
     try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
         folder.mkdir(parents=True, exist_ok=True)
+        _made.extend(p.absolute() for p in missing)
         with tempfile.TemporaryFile(dir=folder):  # what writing there needs, tried (root writes anywhere)
             pass
     except OSError as e:

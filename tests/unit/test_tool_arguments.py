@@ -90,7 +90,9 @@ def test_every_tool_has_bad_calls_in_the_table():
 
 @pytest.mark.parametrize(("tool", "argv"), CASES, ids=[f"{t} {a}" for t, a in CASES])
 def test_a_bad_argument_is_one_line_and_exit_2(tool, argv, places, capsys):
+    before = sorted(places.rglob("*"))
     code, out, err = call(capsys, tool, argv, places)
+    assert sorted(places.rglob("*")) == before, "a refused call left a folder (issue 56.12)"
     assert code == 2, (code, err[-2000:])
     assert "Traceback" not in err and err.count("\n") == 1, err[-2000:]
     assert err.startswith(f"minddp {tool}") and "error: " in err, err
