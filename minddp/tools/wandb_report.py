@@ -17,11 +17,12 @@ are minddp/perf/runs.py's.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from ..perf.runs import lines, study_group
 from ..train.metrics.tracking import resolve_wandb_mode
-from ..train.metrics.wandb_run import INIT_TIMEOUT_S
+from ..train.metrics.wandb_run import INIT_TIMEOUT_S, no_online_run
 
 TITLES = {"tokens_per_s": ("tokens/s vs world size (ideal: linear from the smallest world)", "tokens / s"),
           "efficiency": ("scaling efficiency vs world size", "efficiency"),
@@ -67,13 +68,15 @@ def start(folder, kwargs: dict, mode: str):
     within wandb.init_timeout's default starts offline instead, in one line (as a training run's)."""
     import wandb
 
+    started = time.monotonic()
     try:
         return wandb.init(mode=mode, **kwargs), mode
     except Exception as e:  # noqa: BLE001 - wandb's CommError on a timeout, and its other errors
         if mode != "online":
             raise
-        print(f"W&B: no online report run within {INIT_TIMEOUT_S:g} s ({type(e).__name__}); logging it "
-              f"offline instead; upload later with {upload_command(folder)}")
+        what = no_online_run(e, time.monotonic() - started, INIT_TIMEOUT_S, f"{INIT_TIMEOUT_S:g} s")
+        print(f"W&B: {what} (the report run); logging it offline instead; upload later with "
+              f"{upload_command(folder)}")
         wandb.teardown()  # W&B's service still holds the run's id for the online attempt
         return wandb.init(mode="offline", **kwargs), "offline"
 

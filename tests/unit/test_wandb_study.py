@@ -5,6 +5,7 @@ agrees with metrics.jsonl, summary.json and report.md."""
 
 
 import json
+import re
 
 import pytest
 
@@ -182,11 +183,15 @@ def test_the_report_run_starts_offline_when_an_online_start_times_out(tmp_path, 
 
     calls = []
 
+    clock = iter([0.0, 30.0])  # the online attempt's start and its end, 30 s later
+
     def init(mode, **kwargs):
         calls.append((mode, kwargs["settings"].init_timeout))
         if mode == "online":
             raise wandb.errors.CommError("Run initialization has timed out after 30.0 sec.")
         return "offline run"
+
+    monkeypatch.setattr(wandb_report.time, "monotonic", lambda: next(clock))
 
     monkeypatch.setattr(wandb, "init", init)
     monkeypatch.setattr(wandb, "teardown", lambda: calls.append("teardown"))
@@ -194,5 +199,38 @@ def test_the_report_run_starts_offline_when_an_online_start_times_out(tmp_path, 
     assert wandb_report.start(tmp_path, {"settings": settings}, "online") == ("offline run", "offline")
     assert calls == [("online", 30.0), "teardown", ("offline", 30.0)]
     line = capsys.readouterr().out.strip()
-    assert line.startswith("W&B: no online report run within 30 s (CommError); logging it offline") and \
-        "wandb sync" in line
+    assert line.startswith("W&B: no online run within 30 s (CommError: Run initialization has timed out "
+                           "after 30.0 sec.) (the report run); logging it offline") and "wandb sync" in line
+
+
+def test_an_online_start_refused_at_once_says_what_happened(tmp_path, monkeypatch, capsys):
+    """issue 56.12: a 404 in a second read "no online report run within 30 s"."""
+    import wandb
+
+    from minddp.tools import wandb_report
+
+    def init(mode, **kwargs):
+        if mode == "online":
+            raise wandb.errors.CommError("404 Not Found: project not found\n(details)")
+        return "offline run"
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "teardown", lambda: None)
+    assert wandb_report.start(tmp_path, {}, "online") == ("offline run", "offline")
+    line = capsys.readouterr().out.strip()
+    assert re.match(r"W&B: the server refused the online run after \d+\.\d s \(CommError: 404 Not Found: "
+                    r"project not found\) \(the report run\); logging it offline instead; upload later "
+                    r"with wandb sync", line), line
+
+
+@pytest.mark.parametrize("waited,says", [
+    (29.5, "no online run within wandb.init_timeout=30 s (CommError: timed out)"),
+    (0.3, "the server refused the online run after 0.3 s (CommError: timed out)"),
+])
+def test_the_training_runs_fallback_line_says_what_happened(waited, says):
+    import wandb
+
+    from minddp.train.metrics.wandb_run import no_online_run
+
+    e = wandb.errors.CommError("timed out\nmore")
+    assert no_online_run(e, waited, 30.0, "wandb.init_timeout=30 s") == says

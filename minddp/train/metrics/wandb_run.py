@@ -93,18 +93,29 @@ def open_run(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, resum
 def _start(run_dir: Path, wandb_cfg, name: str, mode: str, config: dict, rewind_to: int | None):
     """_init; an online run that cannot start within wandb.init_timeout (a server that answers
     but not in time) starts offline instead, in one line."""
+    started = time.monotonic()
     try:
         return _init(run_dir, wandb_cfg, name, mode, config, rewind_to)
     except Exception as e:  # noqa: BLE001 - wandb's CommError on a timeout, and its other errors
         if mode != "online":
             raise
-        log.warning(f"W&B: no online run within wandb.init_timeout={init_timeout(wandb_cfg):g} s "
-                    f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); logging offline instead; "
-                    "upload later with wandb sync")
+        limit = f"wandb.init_timeout={init_timeout(wandb_cfg):g} s"
+        log.warning(f"W&B: {no_online_run(e, time.monotonic() - started, init_timeout(wandb_cfg), limit)}; "
+                    "logging offline instead; upload later with wandb sync")
         import wandb
 
         wandb.teardown()  # W&B's service still holds the run's id for the online attempt: "in use"
         return _init(run_dir, wandb_cfg, name, "offline", config, rewind_to)
+
+
+def no_online_run(e: Exception, waited_s: float, timeout_s: float, limit: str) -> str:
+    """Why the online run did not start: the wait ran out, or the server refused it at once (a
+    404 for an unknown entity), which is not "within 30 s"."""
+    lines = str(e).strip().splitlines()
+    why = f"{type(e).__name__}: {lines[0][:160] if lines else 'no message'}"
+    if waited_s >= 0.9 * timeout_s:
+        return f"no online run within {limit} ({why})"
+    return f"the server refused the online run after {waited_s:.1f} s ({why})"
 
 
 def init_timeout(wandb_cfg) -> float:
