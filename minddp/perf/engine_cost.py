@@ -19,10 +19,11 @@ from ..engine.ddp import DistributedDataParallel
 from .clock import after_warmup, timed
 
 
-def torch_buckets(model) -> int:
-    """torch DDP's bucket count after its rebuild (from its logging data)."""
+def torch_buckets(model) -> int | None:
+    """torch DDP's bucket count after its rebuild (from its logging data); None where it logged
+    none (a model small enough for one bucket)."""
     sizes = _compat.ddp_rebuilt_bucket_sizes(model)
-    return len(sizes.split(",")) if sizes else -1
+    return len(sizes.split(",")) if sizes else None
 
 
 def per_bucket_cost(base, x, loss_fn, reps: int = 20) -> dict[str, tuple[float, int]]:
@@ -44,6 +45,7 @@ def per_bucket_cost(base, x, loss_fn, reps: int = 20) -> dict[str, tuple[float, 
     times = after_warmup(lambda: {name: backward(m) for name, m in models.items()}, reps)
     med = {k: statistics.median(t[k] for t in times) for k in models}
     n = {"minddp": len(ours.bucket_assignment), "torch DDP": torch_buckets(theirs)}
+    n["torch DDP"] = n["torch DDP"] or len(list(theirs.parameters()))  # one parameter per bucket
     return {k: ((med[k] - med["plain"]) / n[k], n[k]) for k in n}
 
 

@@ -104,7 +104,7 @@ def main(argv=None) -> None:
 
 
 def setup_line(args, base, cfg, world) -> str:
-    return (f"GPT {num_params(base) / 1e6:.1f}M parameters in {len(list(base.parameters()))} tensors, "
+    return (f"GPT {render.count(num_params(base))} parameters in {len(list(base.parameters()))} tensors, "
             f"{ranks_phrase(world, next(base.parameters()).device)}, batch {args.batch}x{cfg.block_size} "
             f"per rank; {args.repeats} repeats of {args.rounds} rotated rounds x {args.steps_per_round} "
             "steps per configuration.")
@@ -120,20 +120,29 @@ def command_line(args) -> list[str]:
 
 def report(args, base, cfg, world, caps, ratios, buckets, cost, optim, ours_ms, compiled) -> list:
     """The report's blocks (render.markdown)."""
-    rows = [[f"{cap:g}", f"{buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)]}",
-             *render.median_spread(ratios[cap]), f"{statistics.median(ours_ms[cap]):.0f}"] for cap in caps]
     return [
         "Command: `make bench` (`torchrun --standalone --nproc_per_node=2 -m minddp bench-ddp`)",
         setup_line(args, base, cfg, world),
         render.table(["bucket cap (MB)", "buckets minddp / torch", "minddp / torch DDP step time: median",
-                      "spread (min-max)", "minddp step (ms)"], rows),
+                      "spread (min-max)", "minddp step (ms)"], cap_rows(caps, ratios, buckets, ours_ms)),
         *optimizer_blocks(args, optim),
         *compile_blocks(args, compiled),
         "Per-bucket CPU cost with communication stubbed out (one parameter per bucket; backward minus "
         "an unwrapped backward, per bucket):",
         render.table(["engine", "buckets", "cost per bucket (us)"],
-                     [[name, n, f"{seconds * 1e6:.1f}"] for name, (seconds, n) in cost.items()]),
+                     [[name, n, per_bucket(seconds)] for name, (seconds, n) in cost.items()]),
     ]
+
+
+def cap_rows(caps, ratios, buckets, ours_ms) -> list[list]:
+    """Per cap: the bucket counts (torch logs none where it did not rebuild: one bucket), the step ratio."""
+    return [[f"{cap:g}", f"{buckets[('minddp', cap)]} / {buckets[('torch DDP', cap)] or 'not logged'}",
+             *render.median_spread(ratios[cap]), f"{statistics.median(ours_ms[cap]):.0f}"] for cap in caps]
+
+
+def per_bucket(seconds: float) -> str:
+    """A cost below zero is the timer's noise (a small model's backward), not a saving."""
+    return f"{seconds * 1e6:.1f}" if seconds >= 0 else "under the timer's noise"
 
 
 def optimizer_blocks(args, rows: list[dict]) -> list:

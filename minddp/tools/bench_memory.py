@@ -88,9 +88,14 @@ def config_row(r: dict) -> list:
     if "error" in r or "skipped" in r:
         return [r["dp"], r["config"], what, "-", "-", "-", r.get("error") or r.get("skipped"), "-", "-", "-"]
     f = mem.figures(r)
-    mbs = [f"{f[k] / MB:.0f}" for k in ("modeled", "states", "wrap", "peak")]
-    return [r["dp"], r["config"], what, *mbs, f"{(f['peak'] - f['modeled']) / MB:+.0f}",
-            f"{f['absolute'] / MB:.0f}", " / ".join(f"{v / MB:.0f}" for v in f["marks"])]
+    mbs = [render.megabytes(f[k]) for k in ("modeled", "states", "wrap", "peak")]
+    return [r["dp"], r["config"], what, *mbs, render.megabytes(f["peak"] - f["modeled"], signed=True),
+            render.megabytes(f["absolute"]), " / ".join(render.megabytes(v) for v in f["marks"])]
+
+
+def verdict(passed: bool | None) -> str:
+    """pass, FAIL, or no verdict where the difference tested is below the meter's resolution."""
+    return f"n/a (under {mem.RESOLUTION / MB:.0f} MB)" if passed is None else "pass" if passed else "FAIL"
 
 
 def criteria_tables(results: list[dict]) -> list:
@@ -102,11 +107,12 @@ def criteria_tables(results: list[dict]) -> list:
         rows = [r for r in results if (r["model"], r["dp"]) == (m, dp)]
         for label, plain, sharded in pairs:
             if c := mem.zero_criterion(rows, plain, sharded):
-                mbs = [f"{c[k] / MB:.0f}" for k in ("saved", "peak_plain", "peak_sharded", "lowered")]
-                zero.append([m, dp, label, *mbs, f"{c['fraction']:.2f}", "pass" if c["pass"] else "FAIL"])
+                mbs = [render.megabytes(c[k]) for k in ("saved", "peak_plain", "peak_sharded", "lowered")]
+                fraction = f"{c['fraction']:.2f}" if c["pass"] is not None else "-"
+                zero.append([m, dp, label, *mbs, fraction, verdict(c["pass"])])
         if c := mem.ddp_criterion(rows):
-            mbs = ["-" if c[k] is None else f"{c[k] / MB:.0f}" for k in ("torch", "torch_view", "minddp")]
-            ddp.append([m, dp, *mbs, "pass" if c["pass"] else "FAIL"])
+            mbs = ["-" if c[k] is None else render.megabytes(c[k]) for k in ("torch", "torch_view", "minddp")]
+            ddp.append([m, dp, *mbs, verdict(c["pass"])])
     return ["ZeRO-1 lowers the peak (target: by at least 80% of the optimizer state it saves):",
             render.table(["model", "dp", "sharding", "states saved (MB)", "unsharded peak (MB)",
                           "sharded peak (MB)", "lowered by (MB)", "lowered / saved", ">= 0.8"], zero),
@@ -135,8 +141,8 @@ def report(results: list[dict], steps: int, version: str = "") -> str:
         if not rows:
             continue
         p = next((r["ranks"][0]["param_bytes"] for r in rows if "ranks" in r), 0)
-        blocks += [f"## {m}: {p / 4 / 1e6:.1f}M parameters, P = {p / MB:.0f} MB, AdamW states 2P = "
-                   f"{2 * p / MB:.0f} MB", config_table(rows)]
+        blocks += [f"## {m}: {render.count(p / 4)} parameters, P = {render.megabytes(p)} MB, AdamW states "
+                   f"2P = {render.megabytes(2 * p)} MB", config_table(rows)]
     return render.markdown(blocks + criteria_tables(results)) + "\n"
 
 

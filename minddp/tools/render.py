@@ -26,6 +26,17 @@ def markdown(blocks: list) -> str:
     return "\n\n".join(out)
 
 
+def count(n: float) -> str:
+    """A parameter count a small model does not print as 0.0M: 10.8M, 23.4K, 512."""
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.1f}K" if n >= 1e3 else f"{n:.0f}"
+
+
+def megabytes(nbytes: float, signed: bool = False) -> str:
+    """Whole MB, but two decimals under 10 MB (a small model's states are not 0), and never -0."""
+    text = f"{nbytes / 1e6:{'+' if signed else ''}.{0 if abs(nbytes) >= 10e6 else 2}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
+
+
 def median_spread(values, fmt: str = ".3f") -> list[str]:
     """[median, min-max] of repeated measurements: how every ratio is reported."""
     return [format(statistics.median(values), fmt), f"{min(values):{fmt}}-{max(values):{fmt}}"]

@@ -63,3 +63,42 @@ def test_peak_meter_sees_an_allocation_after_its_baseline():
     del x
     assert meter.peak() >= 190e6
     assert memory.PeakMeter().peak() < 50e6  # a new meter starts from the resident set now
+
+
+def test_a_small_model_gets_no_verdict_below_the_meters_resolution_and_no_zero_sizes():
+    """issue 56.12: gpt-tiny read "0.0M parameters, P = 0 MB", "-0" and FAIL on 0 MB of states saved."""
+    def tiny(config, peak_mb, states_mb):
+        row = _row(config, peak_mb, states_mb, model="gpt-tiny")
+        for rank in row["ranks"]:
+            rank["param_bytes"] = 0.36e6  # 90K parameters
+        return row
+
+    rows = [tiny("torch-ddp", 17, 0.72), tiny("minddp-ddp", 18, 0.72), tiny("minddp-zero1", 17.9, 0.36),
+            tiny("torch-zero", 17.1, 0.36)]
+    text = bm.report(rows, steps=1)
+    assert "## gpt-tiny: 90.0K parameters, P = 0.36 MB, AdamW states 2P = 0.72 MB" in text, text
+    na = "| - | n/a (under 4 MB) |"
+    assert f"| gpt-tiny | 2 | minddp ZeRO-1 vs minddp DDP | 0.36 | 18 | 18 | 0.10 {na}" in text, text
+    assert f"| torch ZeroRedundancyOptimizer vs torch DDP | 0.36 | 17 | 17 | -0.10 {na}" in text
+    assert "| gpt-tiny | 2 | 17 | - | 18 | n/a (under 4 MB) |" in text, text
+    assert "FAIL" not in text and "| -0 |" not in text and "0.0M" not in text
+
+
+def test_sizes_print_as_what_they_are():
+    from minddp.tools import render
+
+    assert [render.count(n) for n in (10.8e6, 90e3, 512)] == ["10.8M", "90.0K", "512"]
+    assert [render.megabytes(b) for b in (43e6, 0.36e6, -0.001e6, 0)] == ["43", "0.36", "0.00", "0.00"]
+    assert render.megabytes(17e6, signed=True) == "+17" and render.megabytes(-30e6, signed=True) == "-30"
+
+
+def test_bench_ddp_prints_no_sentinel_or_negative_cost():
+    """A cap torch logged no rebuild for printed its bucket count as -1; a per-bucket cost within
+    the timer's noise as a negative number of microseconds."""
+    from minddp.tools import bench_ddp
+
+    assert bench_ddp.per_bucket(21.9e-6) == "21.9"
+    assert bench_ddp.per_bucket(-32.4e-6) == "under the timer's noise"
+    buckets = {("minddp", 1.0): 1, ("torch DDP", 1.0): None}
+    [row] = bench_ddp.cap_rows([1.0], {1.0: [1.1]}, buckets, {1.0: [9.0]})
+    assert row[:2] == ["1", "1 / not logged"], row
