@@ -114,7 +114,7 @@ def test_first_error_is_the_workers_exception_not_torchruns_banner():
 
 
 def _measured(config, peaks, states=10.0, dp=2):
-    ranks = [{"peak": p, "states": states, "absolute": p + 5, "param_bytes": 100,
+    ranks = [{"peak": p, "states": states, "absolute": p + 5, "param_bytes": 100e6,
               "marks": {"init": 0, "model": 1, "wrap": 1 + p / 10, "step1": p}} for p in peaks]
     return {"config": config, "dp": dp, "ranks": ranks}
 
@@ -123,7 +123,7 @@ def test_figures_and_the_ddp_criterion_read_the_largest_rank():
     f = memory.figures(_measured("minddp-ddp", [30.0, 50.0]))
     assert (f["peak"], f["absolute"], f["states"]) == (50.0, 55.0, 10.0)
     assert f["marks"] == [0, 1, 6.0, 50.0] and f["wrap"] == 5.0  # wrap: the largest rise, any rank
-    assert f["modeled"] == memory.modeled_bytes("minddp-ddp", 100, 2)["total"]
+    assert f["modeled"] == memory.modeled_bytes("minddp-ddp", 100e6, 2)["total"]
     rows = [_measured("torch-ddp", [60.0]), _measured("minddp-ddp", [50.0])]
     assert memory.ddp_criterion(rows) == {"torch": 60.0, "torch_view": None, "minddp": 50.0, "pass": True}
     worse = memory.ddp_criterion([_measured("torch-ddp", [40.0]), _measured("minddp-ddp", [50.0]),
