@@ -7,7 +7,7 @@ ARGS   ?=
 export WANDB_MODE ?= offline
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install train sweep test test-fast bench bench-compile bench-memory bench-trainer bench-checkpoint bench-debug bench-collectives calibrate report timeline scaling docs gpu-check wheelhouse soak-faults lint clean
+.PHONY: help install train sweep test test-fast bench bench-compile bench-memory bench-trainer bench-checkpoint bench-resume bench-debug bench-collectives calibrate report timeline scaling docs gpu-check wheelhouse soak-faults lint clean
 # elastic restarts need a fresh rendezvous store per round in torch 2.13 (pytorch#135712)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE ?= 1
 # torchrun gives each worker OMP_NUM_THREADS=1 unless set, and warns about it on every launch: set it
@@ -97,6 +97,9 @@ bench-trainer: install  ## the trainer's step vs bare torch-DDP loops: docs/benc
 bench-checkpoint: install  ## what a checkpoint costs the step, rank 0's memory, whole runs: docs/bench_checkpoint*.md
 	$(TORCHRUN) --standalone --nproc_per_node=2 scripts/bench_checkpoint.py --out docs/bench_checkpoint.md
 	$(BIN)/python scripts/bench_checkpoint_runs.py --variants none,defaults,file --out docs/bench_checkpoint_runs.md
+
+bench-resume: install  ## each rank's peak RSS and bytes read at resume against training's (dp 2/4, ZeRO-1/plain, tp 2): docs/bench_resume.md
+	$(BIN)/python scripts/bench_resume.py --out docs/bench_resume.md
 
 # per-collective cost of torch's flight recorder (off/on, alternately) and DETAIL fingerprints
 bench-debug: install  ## what torch's flight recorder costs per collective

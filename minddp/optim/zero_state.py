@@ -145,7 +145,8 @@ def moved(ddp, parts: dict, saved: dict, segments, group_params) -> dict:
     """Parts cut by an earlier bucket layout, re-cut as `segments` (the layout now): bucket by
     bucket and key by key, each rank puts its parts into a zero buffer of the bucket and one
     all-reduce over its bytes (one writer per element: a copy, bit for bit) gives every rank
-    the bucket, of which it keeps its segments. A collective; a bucket's buffer at a time."""
+    the bucket, of which it keeps its segments. A collective; a bucket's buffer at a time, and
+    `parts` is consumed bucket by bucket (the old parts freed as the new ones are made)."""
     pos_of = positions(group_params)
     keys = sorted({k for st in saved.values() for k, v in st.items()
                    if isinstance(v, torch.Tensor) and v.dim() > 0})
@@ -165,4 +166,6 @@ def moved(ddp, parts: dict, saved: dict, segments, group_params) -> dict:
                 if s.bucket == b and key in (saved.get(pos) or {}):
                     off = bucket.offsets[bucket.param_ids.index(s.param)]
                     out.setdefault(pos, (s.lo, {}))[1][key] = whole[off + s.lo:off + s.hi].clone()
+        for i in bucket.param_ids:
+            parts.pop(pos_of[i], None)
     return out
