@@ -83,6 +83,11 @@ def queue_autograd_callback(fn) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
+def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """dst[k].copy_(src[k]) for every k, in one call (torch's foreach kernels)."""
+    torch._foreach_copy_(dst, src)
+
+
 def flatten_dense_tensors(tensors):
     """One contiguous copy of many tensors: one broadcast instead of one per tensor."""
     return _flatten_dense_tensors(tensors)

@@ -1,30 +1,38 @@
-"""The data-parallel engine: torch DDP's reducer, in Python. Read one iteration in this order:
-`ddp` (the wrapper's forward), `reducer` (the four phases), `iteration` (what lives for one
-backward), `buckets` (where each gradient lives), `reductions` and `communicator` (how a bucket
-goes out); each other module is one seam beside them, called through its public interface.
+"""The data-parallel engine: torch DDP's reducer, in Python. One iteration, and the file of each
+phase (the only place it is told):
 
-    ddp              the wrapper, a thin nn.Module: forward (buffer sync, starts an iteration),
-                     no_sync, join, _set_static_graph; its docstring follows one iteration
-    reducer          the one reducer, in torch's phases and names: prepare_for_backward,
-                     autograd_hook / mark_variable_ready, launch_ready_buckets (index order),
-                     finalize_backward (queued once): it creates and drops each Iteration
-    iteration        one backward as a value: used and ready flags, hooks still to come, each
-                     bucket's pending count, started collective and unused list, the next bucket
+1. forward, `ddp.py`: broadcast the buffers (when torch would); run the module; then, if grad
+   is enabled outside `no_sync()`, `reducer.prepare_for_backward(output)` starts an `Iteration`
+   (`iteration.py`: one backward's state, and the only code that changes it) and puts a prehook
+   on the output's autograd nodes: the backward of *this* graph ends the iteration.
+2. mark ready, `reducer.py` (`autograd_hook`, from a post-accumulate-grad hook, `hooks.py`):
+   autograd accumulated the gradient; if it is fresh (`.grad` was None: a tensor of its own)
+   the iteration only notes it; `Iteration.mark_ready` counts the bucket down.
+3. launch in order, `reducer.py` (`launch_ready_buckets`): bucket b goes out once it and every
+   bucket before it are complete, strictly in index order on every rank. Its fresh gradients
+   land in it with one `torch._foreach_copy_` and `.grad` becomes the view (`grads.py`, the
+   only writer of `.grad`); the reduction starts it (`reductions.py`: all-reduce, 16-bit, comm
+   hook, ZeRO-1's reduce-scatter; `communicator.py`: the 1/n scaling of the whole bucket and
+   the backend's or a hand-written all-reduce).
+4. finalize, `reducer.py` (`finalize_backward`, queued once on the autograd engine): launch
+   what is left (unused parameters' buckets, `overlap=False`, a static graph's first
+   iteration), wait for every bucket in order, write back what `.grad` must hold (`grads.py`),
+   send the usage flags home without a wait (`usage.py`), drop the iteration. After the first
+   iteration the buckets are rebuilt once in rank 0's observed gradient-ready order (`buckets.py`).
+
+Beside the iteration, each a seam the reducer calls through its public methods:
+
     buckets          pure: which parameters share a bucket; the immutable Layout of flat buffers
-    reductions       how a bucket is reduced: all-reduce, 16-bit, comm hook, ZeRO-1's reduce-scatter;
-                     a launch returns what it started (future and Work together)
-    communicator     how one tensor is all-reduced: the group, the average's 1/n, the algorithm
-    comm_hooks       torch-style comm hooks: GradBucket and the built-in hooks
     options          DDP's options, held once (frozen), with torch's derived bucket attributes
     ddp_api          what a script sees beside the step: torch DDP's attributes, logging data,
                      comm_stats, bucket_assignment
-    hooks            the gradient hooks and who owns a module: one live wrapper per module
     checks           arguments and the model checked before anything is built, each error naming the fix
     replicas         which tensors travel to keep replicas equal (init sync, each forward's buffers)
     usage            unused-parameter flags, riding in the last dense bucket, read without a host wait
     mixed_precision  torch's mixed_precision: forward in param_dtype, reduce in reduce_dtype
+    comm_hooks       torch-style comm hooks: GradBucket and the built-in hooks
     transfer         host <-> device copies that never block the host
-    observer         CommStats, the trace and profiler ranges: it listens, never wraps
+    observer         CommStats, the trace and profiler ranges: it listens, per bucket, never wraps
     join             uneven inputs: a rank out of data shadows the others' collectives
     pickling         torch.save / deepcopy of the wrapper, as torch DDP's
 

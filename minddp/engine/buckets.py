@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import grads
 from .options import DEFAULT_BUCKET_CAP_MB, FIRST_BUCKET_CAP_MB, MiB  # noqa: F401  (MiB: importers')
 
 
@@ -202,9 +203,7 @@ class Layout:
                 p = params[i]
                 views[i], where[i] = bucket.view(k, p.shape), (b, k)
                 grad_views[i] = views[i] if bucket.grads is bucket.buffer else bucket.grad_view(k, p.shape)
-                if p.grad is not None:  # move the gradient in (its old buffer may go now)
-                    grad_views[i].copy_(p.grad)
-                    p.grad = grad_views[i]
+                grads.move_into(p, grad_views[i])  # (its old buffer may go once the last has moved)
             buckets.append(bucket)
         flats = tuple(flatten_params(params, buckets)) if flat_params else None
         return cls(tuple(buckets), tuple(views), tuple(grad_views), tuple(where), flags_bucket,

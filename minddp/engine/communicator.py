@@ -84,8 +84,8 @@ class Communicator:
         """torch DDP's average, applied before a SUM: x * (1/n) (a sparse gradient x / n, as
         torch's reducer). Never ReduceOp.AVG: NCCL runs float AVG as PreMulSum, which rules out
         NVLS on NVSwitch machines and sums in another order than torch DDP; dividing first also
-        keeps fp16 from overflowing. The engine fuses the same factor into the copy of each fresh
-        gradient into its bucket (minddp.engine.reductions), then skips this (`prescaled`)."""
+        keeps fp16 from overflowing. Every reduction of a bucket goes through here, once per
+        bucket; mixed precision alone divides after its sum (`sum_only`), as torch's hook."""
         if self.average is None:
             return
         if tensor.is_sparse:
@@ -93,8 +93,8 @@ class Communicator:
         else:
             tensor.mul_(self.average)
 
-    def __call__(self, tensor: torch.Tensor, prescaled: bool = False) -> Started:
-        if not prescaled:
+    def __call__(self, tensor: torch.Tensor, sum_only: bool = False) -> Started:
+        if not sum_only:
             self.pre_divide(tensor)
         if self._run is None:
             work = all_reduce_work(tensor, self.group)

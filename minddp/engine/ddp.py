@@ -1,43 +1,15 @@
 """minddp.DistributedDataParallel: torch DDP, in Python. This file is the wrapper, a thin
-`nn.Module`; the iteration itself is the reducer's (minddp.engine.reducer), in torch's four phases.
+`nn.Module`: phase 1 of an iteration (minddp.engine's docstring tells the four), `no_sync`,
+`join`, `_set_static_graph`, `register_comm_hook`, pickling; what a script reads beside the step
+is minddp.engine.ddp_api's.
 
-One iteration (a forward outside `no_sync()`, then `loss.backward()`):
-
-1. forward (here): broadcast the buffers from the group's first rank (re-read: one may have been
-   reassigned; through `.data`, so a tensor an earlier forward saved for backward is not marked
-   modified, as torch's broadcast does not bump autograd's version counter); the module runs;
-   then (as torch's `_post_forward`: a forward that raised starts nothing), if grad is enabled and
-   `require_backward_grad_sync`, **prepare for backward**: `reducer.prepare_for_backward()` makes
-   a new `Iteration` (minddp.engine.iteration: everything that lives for one backward), and
-   `reducer.watch(output)` puts a prehook on the output's autograd nodes: the backward of *this*
-   graph will reach them. A forward that will not be followed by a synchronised backward
-   (no_grad, `no_sync()`) leaves a pending backward alone.
-2. backward, **mark ready**: autograd accumulates each gradient straight into its bucket's flat
-   buffer (`param.grad` is a view of it; a fresh gradient is copied in with the average's 1/n
-   fused). A post-accumulate hook (minddp.engine.hooks) calls `reducer.autograd_hook(i)`, which
-   calls `mark_variable_ready(i)` (under `static_graph`, at its last hook: a shared weight gets
-   several); its bucket's pending count drops by one.
-3. **launch in order**: bucket b goes out (asynchronously, overlapping the rest of backward) as
-   soon as bucket b and every bucket before it are complete: strictly in index order on every
-   rank, whatever order autograd delivers gradients in. That is when bucket b goes out.
-4. **finalize**, queued once on the autograd engine, when the backward of the forward's graph
-   reaches its output (not a reentrant checkpoint's nested recomputation), or when the last
-   bucket is complete: launch what is left (buckets with unused parameters, everything under
-   `overlap=False` or in a static graph's first iteration), wait for every bucket in order, copy
-   the usage flags to the host without waiting, drop the iteration. After the first iteration
-   the buckets are rebuilt once in the observed gradient-ready order (rank 0's, broadcast).
-
-When `loss.backward()` returns, finalize has run: every `param.grad` holds the average over ranks.
-That is when the step's gradient is final. `on_reduced(fn)` callbacks run with b right after
+The forward broadcasts the buffers from the group's first rank when torch would (re-read: one may
+have been reassigned; through `.data`, so a tensor an earlier forward saved for backward is not
+marked modified, as torch's broadcast does not bump autograd's version counter), runs the module,
+and then, as torch's `_post_forward` (a forward that raised starts nothing; what the module did to
+the sync flags is read here, after it), prepares the backward. When `loss.backward()` returns,
+every `param.grad` holds the average over ranks. `on_reduced(fn)` callbacks run with b right after
 bucket b's wait (minddp.optim.overlap steps bucket b there); `on_rebuild(fn)` before a rebuild.
-
-Beside the iteration, each seam is the reducer's client through public methods: how a bucket
-is reduced (`reducer.reduction`, minddp.engine.reductions; the average's 1/n is decided in one
-place, `Communicator.pre_divide`, and fused into each fresh gradient's copy), what is recorded
-(`observer`), usage flags (minddp.engine.usage), uneven inputs (minddp.engine.join: it hands the
-iteration its gradient scale), mixed precision (minddp.engine.mixed_precision), pickling
-(minddp.engine.pickling). The options, held once: minddp.engine.options; what a script reads
-beside the step: minddp.engine.ddp_api.
 """
 
 from __future__ import annotations
@@ -190,12 +162,15 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             grad_scale = self.uneven.grad_scale()
         if bcast:
             replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
-        self.require_forward_param_sync = sync
         output = self._run_module(args, kwargs)
-        # after the module, as torch's _post_forward: a forward that raised starts no iteration.
-        # False: a checkpoint's recomputation inside this iteration's backward, which goes on.
-        if sync and self.reducer.prepare_for_backward(grad_scale):
-            self.reducer.watch(output)  # the backward of this graph finalizes the iteration
+        # after the module, as torch's _post_forward: a forward that raised starts no iteration,
+        # and what the module did to the sync flags (Lightning toggles them) is decided over here.
+        # The iteration ends at the backward that reaches this output; a checkpoint's
+        # recomputation inside this iteration's backward starts none (the iteration goes on).
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self.require_forward_param_sync = sync
+        if sync:
+            self.reducer.prepare_for_backward(output, grad_scale=grad_scale)
         # otherwise a pending backward (forward, no-grad forward, backward) is left alone
         return output
 

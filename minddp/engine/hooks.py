@@ -1,10 +1,10 @@
 """The wrapper's gradient hooks and who owns a module: one live wrapper per module.
 
 Each trained parameter gets a post-accumulate-grad hook that calls its reducer's
-`autograd_hook(i, p)` through a weak reference, so a dropped wrapper's hooks do nothing and are
-removed with it (a finalizer). A module has one live wrapper, the newest (torch allows re-wrapping,
-e.g. `ddp = DDP(model, **opts)` in a sweep): the previous one loses its hooks, which would fight
-over .grad, and is retired (its forward raises `retired_error`).
+`autograd_hook(i, p)`; a finalizer on the wrapper removes the hooks when the wrapper is dropped
+(or `remove_hooks()`), and the reducer goes with them. A module has one live wrapper, the newest
+(torch allows re-wrapping, e.g. `ddp = DDP(model, **opts)` in a sweep): the previous one loses
+its hooks, which would fight over .grad, and is retired (its forward raises `retired_error`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,13 @@ OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDic
 def attach(wrapper, module: nn.Module, params: list[torch.Tensor], reducer) -> tuple[list, weakref.finalize]:
     """Hook every parameter to `reducer` and take the module over; returns (the hook handles, the
     finalizer that removes them, also when the wrapper is garbage-collected)."""
-    me = weakref.ref(reducer)  # hooks hold a weak reference: a dropped wrapper removes its hooks
-    handles = [p.register_post_accumulate_grad_hook(functools.partial(_hook, me, i))
+    # each hook calls the reducer directly (one call per gradient); the wrapper's finalizer removes
+    # them, so a dropped wrapper's reducer goes with its hooks
+    handles = [p.register_post_accumulate_grad_hook(functools.partial(reducer.autograd_hook, i))
                for i, p in enumerate(params)]
     finalizer = weakref.finalize(wrapper, release, handles, weakref.ref(module), weakref.ref(wrapper))
     take_over(module, wrapper)  # an older wrapper of this module is retired
     return handles, finalizer
-
-
-def _hook(owner: weakref.ref, i: int, p: torch.Tensor) -> None:
-    reducer = owner()
-    if reducer is not None:
-        reducer.autograd_hook(i, p)
 
 
 def take_over(module: nn.Module, new) -> None:

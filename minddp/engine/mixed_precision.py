@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+from . import grads
 from .communicator import Communicator, Started
 from .reductions import Reduction
 
@@ -86,10 +87,7 @@ class MixedPrecision:
 
     def _grads_down(self, layout) -> None:
         for i, p in enumerate(self.params):
-            grad, view = p.grad, layout.views[i]
-            if grad is not None and grad is not view:
-                view.copy_(grad)
-                p.grad = view
+            grads.move_into(p, layout.views[i])
 
     def to_full_precision(self, layout) -> None:
         """The parameters' own data back; with `layout` (after a synchronised backward) each
@@ -99,11 +97,8 @@ class MixedPrecision:
         for p, data in zip(self.cast, self.full):
             p.data = data
         self.full = None
-        if layout is None:
-            return
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                p.grad = layout.grad_views[i]
+        if layout is not None:
+            grads.to_grad_views(self.params, layout.grad_views)
 
     def refuse_comm_hook(self) -> None:
         raise RuntimeError("minddp: register_comm_hook does not combine with mixed_precision, whose own "
@@ -121,7 +116,7 @@ class MixedPrecisionAllReduce(Reduction):
         super().__init__(comm, params)
         self.reduce_dtype = reduce_dtype
 
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
         bucket = self.layout.buckets[b]
         dtype = self.reduce_dtype or bucket.grads.dtype
         if buffer is bucket.buffer and bucket.grads.dtype == dtype:
@@ -129,16 +124,16 @@ class MixedPrecisionAllReduce(Reduction):
             tensor = bucket.grads
         else:
             tensor = buffer if buffer.dtype == dtype else buffer.to(dtype)
-        return self.comm(tensor, prescaled=True)  # a SUM: the average divides after it (finish)
+        return self.comm(tensor, sum_only=True)  # a SUM: the average divides after it (finish)
 
     def finish(self, b: int, result) -> int:
-        grads = self.layout.buckets[b].grads
+        full = self.layout.buckets[b].grads
         if isinstance(result, list):  # torch's collectives give [tensor]
             result = result[0]
         if self.comm.average is not None:
             result.div_(self.comm.world)
-        if result.data_ptr() != grads.data_ptr():
-            grads.copy_(result)
+        if result.data_ptr() != full.data_ptr():
+            full.copy_(result)
         return result.numel() * result.element_size()
 
     def usage_flags(self, n: int) -> torch.Tensor | None:

@@ -1,35 +1,26 @@
-"""The reducer: one object that owns the buckets and drives one iteration, in torch's reducer's
-phases. What lives for one backward is an `Iteration` (minddp.engine.iteration): created here,
-dropped here, nowhere else.
+"""The reducer: owns the buckets and drives each iteration, in torch's reducer's phases and names
+(minddp.engine's docstring tells the iteration): prepare_for_backward, autograd_hook /
+mark_variable_ready, launch_ready_buckets, finalize_backward. It creates and drops each
+`Iteration` (minddp.engine.iteration), which holds and changes that backward's state.
 
-    prepare_for_backward()   a synchronised forward starts an iteration (a new `Iteration`)
-    watch(output)            ... and says where its backward ends (prehooks on the output's nodes)
-    autograd_hook(i)         parameter i's gradient was accumulated (into its bucket view) ...
-    mark_variable_ready(i)   ... so it is ready: its bucket has one gradient less to wait for
-    launch_ready_buckets()   bucket b goes out once it and every bucket before it are complete:
-                             strictly in index order on every rank, whatever order autograd uses
-    finalize_backward()      queued once on the autograd engine; launches what is left, waits for
-                             every bucket in order, drops the iteration: every .grad is the average
-
-When the iteration ends (torch's rules, each on one line where it is applied):
-- only a synchronised forward (grad enabled, outside `no_sync()`) starts one; a hook outside one
-  (no_sync, a backward through the plain module, a second backward of a retained graph) just
-  leaves the local gradient in .grad;
-- `finalize_backward` is queued once per iteration, on the backward of the graph this forward
-  built: by a prehook on the forward's output nodes (that backward, not a reentrant checkpoint's
-  nested recomputation, which runs its own backward inside it), or when every bucket is complete
-  (torch's own rule, whichever graph task that is), or at the first hook when the output carries
-  no graph; a backward that marked nothing (autograd.grad of an input) leaves the iteration open;
-- `static_graph`: a parameter may be ready more than once (weight sharing, checkpointed twice):
-  the first iteration counts each parameter's hooks and reduces everything at its end (torch's
-  delayed all-reduce); later iterations mark a parameter ready at its last hook;
-- a parameter marked ready means the iteration must be finalized before the next one starts
-  (torch's "Expected to have finished reduction in the prior iteration").
-
-An unused parameter (no gradient this backward) is found when its bucket goes out: it contributes
-what its .grad holds (zeros if None), and the usage flags (minddp.engine.usage) say which
-parameters some rank left unused. How a bucket is reduced is `reduction`'s (minddp.engine.
-reductions), what is recorded the `observer`'s; where each gradient lives is `layout` (a map).
+The default iteration (no unused parameters, no static graph, no sparse gradients) does a handful
+of list operations per gradient; everything else is decided per bucket at launch, or once per
+layout. The rare cases take `_rare_hook`: a hook outside an iteration, an undefined or sparse
+gradient, static_graph's counted hooks. torch's rules, each applied where it is written:
+- only a synchronised forward (grad enabled, outside `no_sync()`) starts an iteration; a hook
+  outside one (no_sync, a backward through the plain module, a second backward of a retained
+  graph) just leaves the local gradient in .grad;
+- `finalize_backward` is queued once per iteration: by a prehook on the forward's output nodes
+  (that backward, not a reentrant checkpoint's nested recomputation), or when every bucket is
+  complete, or at the first hook when no output carries a graph; a backward that marked nothing
+  (autograd.grad of an input) leaves the iteration open;
+- `static_graph`: the first iteration counts each parameter's hooks and reduces everything at its
+  end (torch's delayed all-reduce); later iterations mark a parameter ready at its last hook;
+- a parameter marked ready means the iteration must finish before the next one starts (torch's
+  "Expected to have finished reduction in the prior iteration");
+- an unused parameter (no gradient this backward) is found when its bucket goes out: it
+  contributes what its .grad holds (zeros if None), and the usage flags say which parameters
+  some rank left unused.
 """
 
 from __future__ import annotations
@@ -41,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from .. import _compat
+from . import grads
 from .buckets import Layout, TensorSpec, assign_buckets
 from .communicator import Communicator, Started
-from .iteration import Iteration
+from .iteration import GraphChanged, Iteration, MarkedTwice, StaticGraph
 from .observer import observer_for
 from .options import Options
 from .reductions import make_reduction
@@ -74,6 +66,7 @@ class Reducer:
         self.options = options
         self.src_rank = dist.get_process_group_ranks(group)[0]  # global (broadcast's src)
         self.sparse = sparse  # torch's expect_sparse_gradient: its own bucket, reduced as it is
+        self.sparse_mask = bytes(sparse)
         if any(sparse):
             _check_sparse_options(options, [n for n, s in zip(names, sparse) if s])
         self.mixed = mixed  # mixed precision's casts (minddp.engine.mixed_precision), or None
@@ -82,12 +75,14 @@ class Reducer:
         self.observer = observer_for(device, options.overlap)
         self.usage = UsageFlags(names, tolerate_unused=options.find_unused_parameters)
         self.reduced_callbacks, self.rebuild_callbacks = [], []  # on_reduced(fn), on_rebuild(fn)
-        self.static_graph = False  # set_static_graph(), before the first iteration
+        self.static: StaticGraph | None = None  # set_static_graph(), before the first iteration
         self.hook_registered = False
         self.rebuilt = False  # the buckets are rebuilt once, after the first iteration
         self.iterations = 0  # synchronised iterations started (torch's num_iterations_)
-        self.hook_counts: list[int] | None = None  # static_graph: hooks per parameter, 1st iteration
         self.layout: Layout | None = None
+        self.bucket_of: list[int] = []  # the layout's parameter -> bucket, and each bucket's size
+        self.bucket_sizes: list[int] = []
+        self.views: tuple = ()  # the layout's gradient views (None: a sparse gradient)
         self.iteration: Iteration | None = None  # between prepare_for_backward and finalize_backward
 
     # ------------------------------------------------------------------ the buckets
@@ -112,7 +107,14 @@ class Reducer:
                                    flat_params=self.reduction.flat_params,
                                    dtype=self.mixed.param_dtype if self.mixed else None)
         self.reduction.bind(self.layout)
+        self.bucket_of = [self.layout.bucket_of(i) for i in range(len(self.params))]
+        self.bucket_sizes = [len(b.param_ids) for b in self.layout.buckets]
+        self.views = self.layout.views
         self.observer.layout_changed(len(self.layout.buckets))
+
+    @property
+    def static_graph(self) -> bool:
+        return self.static is not None
 
     def rebuild(self, ready_order: list[int]) -> None:
         """Once: re-bucket by rank 0's observed gradient-ready order (broadcast: a collective)."""
@@ -144,7 +146,7 @@ class Reducer:
         second call). Unused parameters are then tolerated, as with find_unused_parameters."""
         if self.iterations:
             raise RuntimeError(STATIC_GRAPH_TOO_LATE)
-        self.static_graph = True
+        self.static = StaticGraph()
         if not self.usage.tolerate_unused:  # nothing is pending before the first iteration
             self.usage = UsageFlags(self.names, tolerate_unused=True)
         if self.options.find_unused_parameters:  # torch's warning, word for word
@@ -155,129 +157,135 @@ class Reducer:
                           stacklevel=3)
 
     # ------------------------------------------------------------------ phase 1: prepare
-    def prepare_for_backward(self, grad_scale: float | None = None) -> bool:
-        """A synchronised forward: a new iteration (torch's prepare_for_backward). Not when the
-        forward is a checkpoint's recomputation (reentrant or not) inside this iteration's backward:
-        the iteration goes on (returns False). `grad_scale`: join's factor for the reduced
-        gradients (averaged over the ranks still training), or None."""
+    def prepare_for_backward(self, outputs=(), grad_scale: float | None = None) -> bool:
+        """A synchronised forward: a new iteration (torch's prepare_for_backward, which libraries
+        such as Lightning also call from outside the forward), ended by the backward that reaches
+        `outputs` (any structure of tensors; none: the end of the first backward that marks a
+        gradient). Not when the forward is a checkpoint's recomputation inside this iteration's
+        backward: the iteration goes on (returns False). `grad_scale`: join's factor for the
+        reduced gradients (averaged over the ranks still training), or None."""
         it = self.iteration
         if it is not None and _compat.in_backward():
             return False
         if it is not None and it.require_finalize:  # marked gradients ready but never finished
-            it.require_finalize = False
+            it.abandon()
             raise RuntimeError(NOT_FINISHED)
         self.iterations += 1
-        counting = self.static_graph and self.hook_counts is None  # hooks counted, all reduced at the end
-        self.iteration = Iteration(self.layout, len(self.params), self.hook_counts, counting, grad_scale)
+        self.iteration = Iteration(self.bucket_of, self.bucket_sizes, self.static, grad_scale,
+                                   record_order=not self.rebuilt)
         self.observer.start(len(self.layout.buckets))
+        self._watch(outputs)
         return True
 
-    def watch(self, output) -> None:
+    def _rebuild_buckets(self) -> bool:
+        """torch's entry, called by libraries before `prepare_for_backward`: minddp rebuilds its
+        buckets once by itself, at the end of the first iteration, so there is nothing to do."""
+        return False
+
+    def _delay_all_reduce(self) -> None:
+        """torch's entry (Lightning calls it after a static graph's first manual backward): reduce
+        what the iteration marked now. minddp's finalize already ran at the end of that backward,
+        so this only finishes an iteration a backward left open."""
+        if self.iteration is not None and self.iteration.marked_any and not _compat.in_backward():
+            self.finalize_backward()
+
+    def _watch(self, outputs) -> None:
         """Queue the finalize when the backward of this forward's graph reaches its output (torch's
         _DDPSink, without a node of its own): that backward, not a nested recomputation's, ends
         the iteration. Nothing is kept but the prehook."""
-        for t in _compat.output_tensors(output):
+        for t in _compat.output_tensors(outputs):
             if t.grad_fn is not None:
                 t.grad_fn.register_prehook(_OutputReached(self))
-                self.iteration.output_watched = True
+                self.iteration.watch()
 
     def output_reached(self) -> None:
         if self.iteration is not None:
             self._queue_finalize()
 
     def _queue_finalize(self) -> None:
-        it = self.iteration
-        if not it.finalize_queued:
-            it.finalize_queued = True
+        if self.iteration.queue_finalize():
             _compat.queue_autograd_callback(self.finalize_backward)
 
     # ------------------------------------------------------------------ phase 2: mark ready
     def autograd_hook(self, i: int, p: torch.Tensor) -> None:
-        """Parameter i's gradient was accumulated (a post-accumulate-grad hook)."""
-        it, grad = self.iteration, p.grad
-        if self.sparse[i]:
-            if it is not None:
-                self.mark_variable_ready(i, grad is not None)
-            return
-        view = self.layout.views[i]
-        if grad is not view and (grad is None or grad.data_ptr() != view.data_ptr()):
-            if grad is None:  # undefined (a backward returned None): zeros, as torch's reducer
-                self._undefined_grad(p, view)
-            else:  # a fresh tensor (.grad was None): into the bucket, the average's 1/n fused
-                last = it is not None and not it.counting_hooks and (
-                    it.hooks_left is None or it.hooks_left[i] == 1)  # this hook makes it ready
-                self.reduction.copy_in(i, view, grad, it if last else None)
-                p.grad = view
-        if it is None:  # outside an iteration: a local gradient, as torch
+        """Parameter i's gradient was accumulated (a post-accumulate-grad hook). The default
+        iteration notes whether the gradient is fresh (a tensor of its own, not its bucket view:
+        it lands with its bucket at launch) and marks it ready; nothing else per gradient."""
+        it, grad, view = self.iteration, p.grad, self.views[i]
+        if it is None or grad is None or view is None or not it.plain:
+            return self._rare_hook(it, i, p, grad, view)
+        self.mark_variable_ready(i, True, grad is not view)
+
+    def mark_variable_ready(self, i: int, used: bool, fresh: bool = False) -> None:
+        it = self.iteration
+        if not it.marked_any and it.first_mark():  # no output to wait for: this backward's end
+            self._queue_finalize()
+        try:
+            complete = it.mark_ready(i, used, fresh)
+        except MarkedTwice:
+            raise RuntimeError(f"{MARKED_TWICE} Parameter: {self.names[i]!r}.") from None
+        if complete:
+            self.launch_ready_buckets()
+
+    def _rare_hook(self, it, i: int, p: torch.Tensor, grad, view) -> None:
+        """Outside an iteration (a local gradient, as torch), a sparse or undefined gradient,
+        static_graph's counted hooks."""
+        if it is None:
             if grad is not None and self.options.find_unused_parameters:  # used in a no_sync() step
                 self.usage.note_unsynced_use(i)
             return
+        if view is None:  # a sparse gradient: its own bucket, reduced as it is
+            return self.mark_variable_ready(i, grad is not None)
+        if grad is None and not self.options.find_unused_parameters:
+            grads.zero_undefined(p, view)  # torch reduces zeros in its place
         # an undefined gradient is not a use under find_unused_parameters
-        self.mark_variable_ready(i, grad is not None or not self.options.find_unused_parameters)
-
-    def mark_variable_ready(self, i: int, used: bool) -> None:
-        it = self.iteration
-        it.marked_any = True
-        if not it.output_watched:  # no output node to wait for: end at this backward's end
-            self._queue_finalize()
-        if it.counting_hooks:  # static_graph's first iteration: count only, all reduced at the end
-            if not it.hook_counts[i]:
-                it.ready_order.append(i)
-            it.hook_counts[i] += 1
-            it.used[i] = it.used[i] or used
-            return
-        if it.hooks_left is not None:
-            if it.hooks_left[i] <= 0:
-                raise RuntimeError(GRAPH_CHANGED)
-            it.hooks_left[i] -= 1
-            if it.hooks_left[i]:
-                return  # more hooks will come for this parameter (weight sharing)
-        if it.ready[i]:
-            raise RuntimeError(f"{MARKED_TWICE} Parameter: {self.names[i]!r}.")
-        it.ready[i] = it.require_finalize = True
-        it.used[i] = used
-        it.ready_order.append(i)
-        b = self.layout.bucket_of(i)
-        it.pending[b] -= 1
-        it.complete += it.pending[b] == 0
-        self.launch_ready_buckets()
+        used = grad is not None or not self.options.find_unused_parameters
+        if it.plain:
+            return self.mark_variable_ready(i, used, grad is not None and grad is not view)
+        grads.move_into(p, view)  # static_graph: later hooks of this parameter accumulate in place
+        if not it.marked_any and not it.output_watched:
+            self._queue_finalize()  # (count_hook marks the iteration)
+        try:
+            last = it.count_hook(i, used)
+        except GraphChanged:
+            raise RuntimeError(GRAPH_CHANGED) from None
+        if last:  # its last hook this iteration (earlier ones: weight sharing, checkpoints)
+            self.mark_variable_ready(i, used)
 
     # ------------------------------------------------------------------ phase 3: launch in order
     def launch_ready_buckets(self) -> None:
         """Strictly in index order: bucket b never goes out before bucket b-1."""
-        it, buckets = self.iteration, self.layout.buckets
-        while self.options.overlap and it.next_bucket < len(buckets) and it.pending[it.next_bucket] == 0:
-            self._launch(it, it.next_bucket)
-            it.next_bucket += 1
-        if it.complete == len(buckets):  # torch's rule: every bucket is ready (out, with overlap)
+        it = self.iteration
+        if self.options.overlap:
+            for b in it.take_launchable():
+                self._launch(it, b)
+        if it.all_complete():  # torch's rule: every bucket is ready (out, with overlap)
             self._queue_finalize()
-        self.observer.poll()
 
     def _launch(self, it: Iteration, b: int) -> None:
         bucket = self.layout.buckets[b]
         if bucket.sparse:
             return self._launch_sparse(it, b, bucket)
-        for i in bucket.param_ids:
-            if not it.used[i]:  # unused this iteration: contribute what .grad holds, or zeros
-                p, view = self.params[i], self.layout.views[i]
-                it.unused[b].append((i, p.grad is None))
-                if p.grad is None:
-                    view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad)
-                    p.grad = view
-        flags = self.layout.flags(len(self.params)) if b == self.layout.flags_bucket else None
-        if flags is not None:
-            used = [u or s for u, s in zip(it.used, self.sparse)]  # a sparse gradient is always used
-            self.usage.write(flags, used)  # minddp.engine.usage
+        if it.pending[b] or it.marked_unused or not it.plain:  # some parameter may be unused
+            self._contribute_unused(it, b, bucket)
+        if b == self.layout.flags_bucket:  # a sparse gradient counts as used (it travels as it is)
+            self.usage.write(self.layout.flags(len(self.params)), it.used_or(self.sparse_mask))
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
         if self.options.skip_unused and self.usage.unused_here(it.unused[b], bucket.param_ids):
+            flags = self.layout.flags(len(self.params)) if b == self.layout.flags_bucket else None
             flags_started = self.reduction.comm(flags) if flags is not None else Started(None)
             started = Started(_Skipped(flags_started.future), flags_started.work)  # the flags only
         else:
-            started = self.reduction.launch(b, it)
-        it.launched[b] = started
+            started = self.reduction.launch(b, it.fresh[b])  # the fresh gradients land there
+        it.started(b, started)
         self.observer.launched(b, started)
+        self.observer.poll()  # a cheap moment to note earlier buckets' completion (once per bucket)
+
+    def _contribute_unused(self, it: Iteration, b: int, bucket) -> None:
+        """Unused this iteration: a parameter contributes what .grad holds, or zeros."""
+        for i in bucket.param_ids:
+            if not it.used[i]:
+                it.note_unused(b, i, grads.contribute_unused(self.params[i], self.layout.views[i]))
 
     def _launch_sparse(self, it: Iteration, b: int, bucket) -> None:
         i = bucket.param_ids[0]
@@ -285,8 +293,9 @@ class Reducer:
         if p.grad is None:  # torch's text (mark_variable_ready_sparse)
             raise RuntimeError(f"Expected sparse gradient to be defined. Parameter: {self.names[i]!r}")
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
-        it.launched[b] = self.reduction.launch_sparse(b, p.grad)
-        self.observer.launched(b, it.launched[b])
+        started = self.reduction.launch_sparse(b, p.grad)
+        it.started(b, started)
+        self.observer.launched(b, started)
 
     # ------------------------------------------------------------------ phase 4: finalize
     def finalize_backward(self) -> None:
@@ -300,10 +309,10 @@ class Reducer:
         if it is None:  # (finalized already: nothing is left to do)
             return
         if not it.marked_any:
-            it.finalize_queued = False
+            it.unqueue_finalize()
             return
         if it.counting_hooks:  # torch's delay_all_reduce: every bucket now; later iterations count down
-            self.hook_counts = it.hook_counts
+            self.static.learn(it.hook_counts)
         self.iteration = None  # from here on a hook is outside any iteration
         self._reduce_rest_and_wait(it)
         if self.mixed is not None:  # parameters and .grad back in full precision
@@ -316,14 +325,12 @@ class Reducer:
     def _reduce_rest_and_wait(self, it: Iteration) -> None:
         buckets = self.layout.buckets
         self.observer.backward_end(it.next_bucket)
-        for b in range(it.next_bucket, len(buckets)):
+        for b in it.take_rest():
             self._launch(it, b)
-        it.next_bucket = len(buckets)
         wire_bytes = 0
         for b, bucket in enumerate(buckets):  # in order; each result lands in its buffer
-            result = it.launched[b].future.wait()
+            result = it.take_started(b).future.wait()  # let go here: a Work holds its tensors
             self.observer.done(b)
-            it.launched[b] = None  # nothing outlives the step (a Work holds its tensors)
             if result is _Skipped:  # skip_all_reduce_unused_params: the gradients stayed home
                 continue
             if bucket.sparse:
@@ -341,7 +348,7 @@ class Reducer:
         result = result[0] if isinstance(result, list) else result
         if scale is not None:
             result = result * scale
-        p.grad = result
+        grads.set_sparse(p, result)
         return result.coalesce().values().nbytes if result.is_sparse else result.nbytes
 
     # ------------------------------------------------------------------ join's shadow
@@ -353,14 +360,6 @@ class Reducer:
             f.wait()
         if not self.rebuilt:
             self.rebuild([])
-
-    def _undefined_grad(self, p: torch.Tensor, view: torch.Tensor) -> None:
-        """A hook saw .grad None: the gradient is undefined (an autograd.Function returned None).
-        torch's reducer reduces zeros in its place: .grad is that average without
-        find_unused_parameters; with it the parameter counts as unused here."""
-        if self.iteration is not None and not self.options.find_unused_parameters:
-            view.zero_()
-            p.grad = view
 
 
 def _check_sparse_options(options: Options, names: list[str]) -> None:

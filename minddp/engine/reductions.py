@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import collectives
+from . import grads
 from .comm_hooks import GradBucket, compressed, returning_future
 from .communicator import Communicator, Started
 
@@ -23,8 +24,9 @@ class Reduction:
     """How the engine reduces its buckets: one small class per way, one interface.
 
     The reducer calls `bind(layout)` after each (re)build of its buckets (`bind(None)` first, so
-    the old buffers can go), `copy_in` for each fresh gradient, `launch(b, it)` to start bucket
-    b's reduction in iteration `it` (returns `Started`), `finish(b, result)` once it was waited
+    the old buffers can go), `launch(b, fresh)` once bucket b is complete: its fresh gradients
+    (parameters `fresh`, minddp.engine.grads) land in it and its reduction starts (returns
+    `Started`), `finish(b, result)` once it was waited
     for (the result lands in the bucket's `.grad` buffer; returns the bytes that travelled),
     `shadow(b)` for a rank that ran out of data under join() (it contributes zeros, in the same
     order: returns the future), and `usage_flags(n)`, the reduced tail of the last bucket (None
@@ -34,7 +36,6 @@ class Reduction:
     kind = "all_reduce"  # for profiler ranges and traces
     pad_to = 1  # every bucket buffer is padded to a multiple of this
     joinable = True  # can a rank that ran out of data shadow it under join()?
-    prescale: float | None = None  # 1/n when the bucket is averaged by scaling it before a SUM
     flat_params = False  # does the layout keep the parameters in flat buffers too (ZeRO-1)?
 
     def __init__(self, comm: Communicator, params: list[torch.Tensor]):
@@ -42,34 +43,6 @@ class Reduction:
 
     def bind(self, layout) -> None:
         self.layout = layout
-
-    def copy_in(self, i: int, view: torch.Tensor, grad: torch.Tensor, it) -> None:
-        """A fresh gradient into its bucket view. `it`: the iteration this copy makes parameter i
-        ready in (None outside one, or when more hooks will come for it). Before a synchronised
-        reduction that averages by pre-scaling, the 1/n is fused into the copy (torch's reducer does
-        the same, mul_out), so the bucket needs no second pass; gradients accumulated in place are
-        scaled at launch instead (`scale_rest`). The iteration keeps which were scaled."""
-        if self.prescale is None or it is None:
-            view.copy_(grad)
-            return
-        if grad.requires_grad:  # create_graph=True: out= refuses tensors that require grad
-            view.copy_(grad.mul(self.prescale))
-        else:
-            torch.mul(grad, self.prescale, out=view)
-        if not it.scaled[i]:
-            it.scaled[i] = True
-            it.scaled_in[self.layout.bucket_of(i)] += 1
-
-    def scale_rest(self, b: int, it) -> None:
-        """Scale what copy_in did not in iteration `it` (the whole bucket when it scaled nothing:
-        accumulated in place), so every element of bucket b carries the 1/n once."""
-        bucket = self.layout.buckets[b]
-        if it.scaled_in[b] == 0:
-            self.comm.pre_divide(bucket.buffer)
-            return
-        for i in bucket.param_ids:  # the usage-flag tail stays unscaled: only nonzero matters there
-            if not it.scaled[i]:
-                self.comm.pre_divide(self.layout.views[i])
 
     def replicas(self, module, ignored=frozenset()) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The tensors that hold the module's parameters, for the first broadcast: (flat buffers
@@ -81,14 +54,21 @@ class Reduction:
         """The reduction `register_comm_hook(state, hook)` installs in place of this one."""
         return CommHook(self.comm, self.params, state, hook)
 
-    def launch(self, b: int, it) -> Started:
-        return self._reduce(b, self.layout.buckets[b].buffer, it)
+    def launch(self, b: int, fresh: list[int]) -> Started:
+        """Bucket b's fresh gradients into it (one call), then its reduction."""
+        if fresh:
+            grads.land(self.params, fresh, self.layout.views)
+        return self._start(b, self.layout.buckets[b].buffer)
+
+    def _start(self, b: int, buffer: torch.Tensor) -> Started:
+        return self._reduce(b, buffer)
 
     def shadow(self, b: int):
         """Zeros in bucket b's place (a rank out of data under join()): the future to wait on."""
-        return self._reduce(b, torch.zeros_like(self.layout.buckets[b].buffer), None).future
+        return self._reduce(b, torch.zeros_like(self.layout.buckets[b].buffer)).future
 
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
+        """Start the reduction of `buffer` (bucket b's, or join's zeros)."""
         raise NotImplementedError
 
     def finish(self, b: int, result) -> int:
@@ -111,18 +91,10 @@ class Reduction:
 class AllReduce(Reduction):
     """The bucket in its own dtype, in place: the backend's all-reduce, or one of
     minddp.comm.collectives' algorithms (ring, tree, ...) on the communicator's worker thread. The
-    average's 1/n is applied as gradients are copied into the bucket (`copy_in`), not in a pass of
-    its own."""
+    average's 1/n comes first (torch DDP's pre-division)."""
 
-    def __init__(self, comm: Communicator, params: list[torch.Tensor]):
-        super().__init__(comm, params)
-        self.prescale = comm.average
-
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
-        if self.prescale is None or buffer is not self.layout.buckets[b].buffer:  # (join's zeros)
-            return self.comm(buffer)
-        self.scale_rest(b, it)
-        return self.comm(buffer, prescaled=True)
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
+        return self.comm(buffer)
 
 
 class CompressedAllReduce(Reduction):
@@ -133,7 +105,7 @@ class CompressedAllReduce(Reduction):
         super().__init__(comm, params)
         self.dtype = dtype
 
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
         return self.comm(compressed(buffer, self.dtype))
 
 
@@ -156,7 +128,7 @@ class CommHook(Reduction):
         return GradBucket(bucket.index, buffer, [self.params[i] for i in bucket.param_ids],
                           views, bucket.index == len(self.layout.buckets) - 1, self.comm)
 
-    def launch(self, b: int, it) -> Started:
+    def _start(self, b: int, buffer: torch.Tensor) -> Started:
         # a hook may chain collectives: its future is what ends it (no Work to time by)
         return Started(self.hook(self.state, self._grad_buckets[b]))
 
@@ -166,7 +138,7 @@ class CommHook(Reduction):
         return Started(self.hook(self.state, GradBucket(b, grad, [self.params[i]], [grad],
                                                         b == len(self.layout.buckets) - 1, self.comm)))
 
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
         return Started(self.hook(self.state, self._grad_bucket(self.layout.buckets[b], buffer)))
 
 
@@ -183,9 +155,6 @@ class ReduceScatter(Reduction):
     def __init__(self, comm: Communicator, params: list[torch.Tensor]):
         super().__init__(comm, params)
         self.pad_to = dist.get_world_size(comm.group)
-        # every element of a rank's bucket goes into some rank's shard sum: all of it is scaled
-        # first, torch DDP's order; mostly inside the copy of each gradient into the bucket (copy_in)
-        self.prescale = comm.average
 
     def replicas(self, module, ignored=frozenset()) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The flat parameter buffers as they are (no flattened copy), and any frozen parameter."""
@@ -193,11 +162,10 @@ class ReduceScatter(Reduction):
         return self.layout.flat_params, [p.detach() for n, p in module.named_parameters()
                                          if id(p) not in flat and n not in ignored]
 
-    def _reduce(self, b: int, buffer: torch.Tensor, it) -> Started:
-        if self.prescale is not None and buffer is self.layout.buckets[b].buffer:  # 1/n, then SUM
-            self.scale_rest(b, it)
-        else:
-            self.comm.pre_divide(buffer)
+    def _reduce(self, b: int, buffer: torch.Tensor) -> Started:
+        # every element of a rank's bucket goes into some rank's shard sum: all of it is scaled
+        # first, torch DDP's order
+        self.comm.pre_divide(buffer)
         return Started(collectives.reduce_scatter_in_place(buffer, self.comm.group, dist.ReduceOp.SUM))
 
     def finish(self, b: int, result) -> int:  # in place: the shard already holds its average

@@ -26,8 +26,12 @@ def to_device(values, like: torch.Tensor, dtype: torch.dtype | None = None) -> t
 
 
 def copy_into(dst: torch.Tensor, values) -> None:
-    """dst[:] = values (numbers), without blocking the host."""
-    host = torch.tensor(values, dtype=dst.dtype, pin_memory=dst.is_cuda)
+    """dst[:] = values (numbers, or a host tensor), without blocking the host."""
+    if isinstance(values, torch.Tensor):
+        host = values.to(dst.dtype)
+        host = host.pin_memory() if dst.is_cuda else host
+    else:
+        host = torch.tensor(values, dtype=dst.dtype, pin_memory=dst.is_cuda)
     dst.copy_(host, non_blocking=dst.is_cuda)
 
 

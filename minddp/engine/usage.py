@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import collections
 
-from . import checks, transfer
+import torch
+
+from . import checks, grads, transfer
 
 MAX_DEFER = 2  # forwards a usage check may wait for its flags' copy to land, before it waits
 
@@ -39,10 +41,13 @@ class UsageFlags:
         """Parameter i got a gradient in a no_sync() micro-step (find_unused_parameters)."""
         self.used_unsynced[i] = True
 
-    def write(self, tail, used: list[bool]) -> None:
+    def write(self, tail, used: bytes) -> None:
+        """The flags for `used` (one byte per parameter, nonzero: it got a gradient here) into
+        the last bucket's tail: "used here" with tolerate_unused, else "unused here"."""
+        used = torch.frombuffer(bytearray(used), dtype=torch.uint8).bool()
         if self.tolerate_unused:  # used in the synchronised micro-step or in an earlier no_sync() one
-            used = [r or u for r, u in zip(used, self.used_unsynced)]
-        transfer.copy_into(tail, [r == self.tolerate_unused for r in used])
+            used |= torch.tensor(self.used_unsynced)
+        transfer.copy_into(tail, used if self.tolerate_unused else ~used)
 
     def unused_here(self, unused: list, param_ids) -> bool:
         """No parameter of a bucket (`unused`: its unused parameters this iteration) got a gradient
@@ -58,7 +63,7 @@ class UsageFlags:
         if self.tolerate_unused:
             self.used_unsynced = [False] * len(self.names)
             if any(unused):  # only then does a .grad depend on other ranks
-                _restore_grads(transfer.to_host(tail).tolist(), unused, layout, params)
+                grads.restore_unused(transfer.to_host(tail).tolist(), unused, layout.grad_views, params)
             return
         self._pending.append([transfer.to_host(tail), list(used), 0])
 
@@ -77,15 +82,3 @@ class UsageFlags:
             if any(unused):
                 self._pending.clear()
                 checks.unused_parameters_error(self.names, unused, used)
-
-
-def _restore_grads(flags: list, unused: list[list], layout, params) -> None:
-    """.grad as torch DDP leaves it with gradient_as_bucket_view=True (minddp's gradients are
-    the bucket views): the averaged view for a parameter used on some rank; for one unused
-    everywhere, None if it was, else the view, holding the average of what the ranks held."""
-    for per_bucket in unused:
-        for i, grad_was_none in per_bucket:
-            if flags[i] != 0:
-                params[i].grad = layout.grad_views[i]
-            elif grad_was_none:
-                params[i].grad = None

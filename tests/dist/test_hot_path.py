@@ -57,8 +57,8 @@ def _against_torch(rank, world, zero_in_place, cap):
 
 @pytest.mark.parametrize("zero_in_place", [False, True])
 def test_fused_scale_is_bitwise_torch_ddp_on_3_ranks(zero_in_place):
-    """Fresh gradients (scaled in the copy), gradients accumulated in place (scaled at launch), a
-    parameter unused on some steps (zeros): every bucket carries the 1/n once, as torch's. One
+    """Fresh gradients (landed per bucket), gradients accumulated in place, a parameter unused on
+    some steps (zeros): every bucket carries the 1/n once, as torch's. One
     parameter per bucket: torch keeps its first layout under find_unused_parameters, minddp
     rebuilds, and 3 ranks sum a bucket in an order that depends on its size."""
     for ours, theirs in launch.ranks(_against_torch, 3, zero_in_place, 1e-6, timeout=120):
@@ -133,3 +133,55 @@ def test_the_observer_gets_the_native_collectives_own_work(algorithm, hook, expe
     for works, none_left in launch.ranks(_works_handed_to_the_observer, 2, algorithm, hook):
         assert len(works) > 1 and set(works) == {expected}
         assert none_left
+
+
+class _Deep(nn.Module):
+    def __init__(self, layers=40):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def _ops_per_backward(rank, world, set_to_none, engine):
+    """The aten ops one backward runs, less the plain model's: what the engine adds."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    base = _Deep()
+    models = {"plain": base, "minddp": minddp.DDP(copy.deepcopy(base)),
+              "torch": nn.parallel.DistributedDataParallel(copy.deepcopy(base))}
+    m = models[engine]
+    x = torch.randn(2, 4)
+    counts = []
+    for _ in range(3):  # the first two: minddp rebuilds its buckets after the first
+        m.zero_grad(set_to_none=set_to_none)
+        loss = m(x).sum()
+        with Count() as c:
+            loss.backward()
+        counts.append(c.ops)
+    return counts[-1], len(list(base.parameters()))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_the_engine_adds_a_constant_number_of_ops_per_bucket_not_per_gradient(set_to_none):
+    """40 layers (80 gradients) in one bucket: what minddp adds to a backward is a handful of
+    aten ops per bucket (one _foreach_copy_ for the fresh gradients, the 1/n, the collective, the
+    usage flags), never one per gradient, as `.grad` set to None each step (zero_grad's default)
+    would cost with a copy per parameter."""
+    plain, n = launch.ranks(_ops_per_backward, 2, set_to_none, "plain", timeout=120)[0]
+    ours, _ = launch.ranks(_ops_per_backward, 2, set_to_none, "minddp", timeout=120)[0]
+    added = len(ours) - len(plain)
+    assert added <= 12, (added, sorted(set(ours) - set(plain)), n)
+    if set_to_none:
+        assert ours.count("aten._foreach_copy_.default") == 1, ours

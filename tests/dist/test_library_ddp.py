@@ -195,7 +195,6 @@ def _accelerate_both(rank, world_size):
     return {"torch": theirs, "minddp": ours}
 
 
-@pytest.mark.xfail(reason="engine entries pending", strict=False)  # reducer.prepare_for_backward([])
 def test_accelerates_trigger_sync_in_backward_under_as_torch_ddp_is_bitwise_torch_ddp():
     need("accelerate", preload=["accelerate"])
     check(ranks(_accelerate_both, 2, timeout=TIMEOUT_S))
@@ -352,10 +351,7 @@ def _trainer_both(rank, world_size, name):
 # Lightning's manual optimization calls torch's reducer entries from outside the forward
 # (model.reducer._rebuild_buckets(), .prepare_for_backward(outputs), ._delay_all_reduce()), and the
 # buffer broadcast must be decided after the module's forward, as torch's _post_forward does
-PENDING = pytest.mark.xfail(reason="engine entries pending", strict=False)
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING) if TRAINER[n][2] else n for n in TRAINER])
+@pytest.mark.parametrize("name", list(TRAINER))
 def test_lightning_trainer_with_minddps_strategy_is_bitwise_torch_ddp(name):
     need("lightning", preload=["minddp.integrations.lightning"])
     check(ranks(_trainer_both, 2, name, timeout=TIMEOUT_S))

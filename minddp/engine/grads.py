@@ -1,0 +1,89 @@
+"""Where `.grad` is written: the engine's only assignments to a parameter's `.grad`.
+
+minddp's gradients live in the buckets' flat buffers: after a synchronised backward every `.grad`
+is a view of its bucket (as torch DDP's with `gradient_as_bucket_view=True`), holding the
+average. A gradient reaches its view in one of two ways:
+- accumulated in place: `.grad` already was the view (`zero_grad(set_to_none=False)`, no_sync
+  micro-steps), autograd added into it: nothing to do;
+- fresh: `.grad` was None (`zero_grad()`'s default), so autograd made a tensor of its own; the
+  bucket's fresh gradients are copied in with one `torch._foreach_copy_` when the bucket goes
+  out (`land`), and `.grad` points at the view from then on (the fresh tensors go per bucket).
+The average's 1/n is not applied here: the whole bucket is scaled in one pass before its sum
+(minddp.engine.communicator.Communicator.pre_divide; one `torch._foreach_copy_` and one scaling
+pass per bucket cost the host less than torch's per-gradient `mul_out` calls).
+
+The rarer writes are here too: a gradient autograd left undefined (zeros, torch's), an unused
+parameter's contribution and the `.grad` it is left with, the moves into new buffers (a rebuild,
+mixed precision's param_dtype buckets), the full-precision result of mixed precision, and a
+sparse gradient's reduced value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+
+
+@torch.no_grad()
+def land(params: list[torch.Tensor], ids: list[int], views) -> None:
+    """The fresh gradients of parameters `ids` into their views, in one call; `.grad` = view."""
+    dst, src = [], []
+    for i in ids:
+        p, view = params[i], views[i]
+        dst.append(view)
+        src.append(p.grad)
+        p.grad = view
+    _compat.foreach_copy_(dst, src)
+
+
+def move_into(p: torch.Tensor, view: torch.Tensor) -> None:
+    """A held `.grad` moves into `view` (a new layout, or a bucket of another dtype)."""
+    grad = p.grad
+    if grad is not None and grad is not view:
+        view.copy_(grad)
+        p.grad = view
+
+
+def zero_undefined(p: torch.Tensor, view: torch.Tensor) -> None:
+    """A hook saw `.grad` None (an autograd.Function returned None for it): torch's reducer
+    reduces zeros in its place, and `.grad` is that average."""
+    view.zero_()
+    p.grad = view
+
+
+def contribute_unused(p: torch.Tensor, view: torch.Tensor) -> bool:
+    """An unused parameter's contribution to its bucket: what its `.grad` holds, or zeros.
+    Returns whether `.grad` was None (what `restore_unused` leaves it)."""
+    grad = p.grad
+    if grad is None:
+        view.zero_()
+        return True
+    if grad is not view and grad.data_ptr() != view.data_ptr():
+        view.copy_(grad)
+        p.grad = view
+    return False
+
+
+def restore_unused(flags: list, unused: list[list], grad_views, params) -> None:
+    """After the reduction, `.grad` of each unused parameter as torch DDP leaves it with
+    gradient_as_bucket_view=True: the averaged view if some rank used it; if no rank did, None
+    when it was None, else the view (the average of what the ranks held)."""
+    for per_bucket in unused:
+        for i, grad_was_none in per_bucket:
+            if flags[i] != 0:
+                params[i].grad = grad_views[i]
+            elif grad_was_none:
+                params[i].grad = None
+
+
+def to_grad_views(params: list[torch.Tensor], grad_views) -> None:
+    """Mixed precision, after the wait: each held `.grad` is its full-precision reduced view."""
+    for p, view in zip(params, grad_views):
+        if p.grad is not None:
+            p.grad = view
+
+
+def set_sparse(p: torch.Tensor, reduced: torch.Tensor) -> None:
+    """A sparse gradient is its own bucket: `.grad` is the reduced tensor itself."""
+    p.grad = reduced
