@@ -36,7 +36,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=positive_int, default=5)
     ap.add_argument("--rounds", type=positive_int, default=6)
     ap.add_argument("--steps-per-round", type=positive_int, default=4)
-    ap.add_argument("--layers", type=int_list(), default="12,48,96", help="GPT depths (tensors: 12 per layer + 5)")
+    ap.add_argument("--layers", type=int_list(), default="12,48,96",
+                    help="GPT depths (tensors: 12 per layer + 5)")
     ap.add_argument("--hook-reps", type=positive_int, default=30)
     ap.add_argument("--out", type=writable_out, default=None,
                     help="also write the report here: FILE.md and FILE.json")
@@ -51,8 +52,8 @@ def main(argv=None) -> None:
         blocks = report(args, dist.get_world_size(), device, steps, hooks)
         print(render.markdown(blocks), flush=True)
         if args.out:
-            data = {f"{layers} layers, {label}": {"steps": steps[(layers, label)], "hook_us": hooks[(layers, label)]}
-                    for layers, label in steps}
+            data = {f"{layers} layers, {label}": {"steps": steps[key], "hook_us": hooks[key]}
+                    for key in steps for layers, label in [key]}
             render.write(args.out, blocks, data)
     dist.destroy_process_group()
 
@@ -81,6 +82,6 @@ def step_row(tensors: int, label: str, repeats: list[dict]) -> list:
     ms = lambda engine, clock: statistics.median(r[engine][clock] for r in repeats) * 1e3  # noqa: E731
     cpu = [host_bench.added_ratio(r, "cpu") for r in repeats]
     wall = [host_bench.added_ratio(r, "wall") for r in repeats]
-    return [tensors, label, f"{ms('none', 'wall'):.1f}", f"{ms('torch DDP', 'wall') - ms('none', 'wall'):.1f}",
-            f"{ms('minddp', 'wall') - ms('none', 'wall'):.1f}", *render.median_spread(cpu, ".2f"),
-            *render.median_spread(wall, ".2f")]
+    added = lambda engine: f"{ms(engine, 'wall') - ms('none', 'wall'):.1f}"  # noqa: E731
+    return [tensors, label, f"{ms('none', 'wall'):.1f}", added("torch DDP"), added("minddp"),
+            *render.median_spread(cpu, ".2f"), *render.median_spread(wall, ".2f")]
