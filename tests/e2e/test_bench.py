@@ -44,6 +44,7 @@ def test_scaling_study_smoke(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     runs = Path(p.stdout.rsplit("runs in ", 1)[1].strip())
     assert runs.parent == tmp_path and runs.name.startswith("scaling-")  # beside --out, not the package's
+    assert not list(runs.rglob("ckpt_*")), "a timing run saved a checkpoint (issue 56.8)"
     rows = {r["world"]: r for r in md_rows((tmp_path / "scaling.md").read_text())}
     assert rows.keys() == {"1", "2"}
     for world, row in rows.items():  # the table is the runs' own medians after the warm-up
