@@ -185,7 +185,10 @@ def read_weights(folder) -> dict:
         if (folder / WEIGHTS).is_file():
             return load_file(str(folder / WEIGHTS))
         if (folder / WEIGHTS_INDEX).is_file():
-            shards = sorted(set(json.loads((folder / WEIGHTS_INDEX).read_text())["weight_map"].values()))
+            shards = sorted(set(json.loads(_read_small(folder / WEIGHTS_INDEX))["weight_map"].values()))
+            outside = [s for s in shards if Path(s).name != s or not (folder / s).is_file()]
+            if outside:  # a shard is a regular file beside the index, never a path elsewhere
+                raise OSError(f"{WEIGHTS_INDEX} names {outside[0]!r}, not a file in the folder")
             return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
         if (folder / TORCH_WEIGHTS).is_file():
             return torch.load(folder / TORCH_WEIGHTS, map_location="cpu", weights_only=True)

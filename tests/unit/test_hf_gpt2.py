@@ -303,3 +303,18 @@ def test_token_data_of_another_vocabulary_names_init_from_not_model_vocab_size(t
     line = load_data_error(cfg, 50_257)
     assert line.startswith("model.init_from=/m/gpt2 has a vocabulary of 50257, but "), line
     assert "says the data's is 300" in line and "drop model.vocab_size" not in line, line
+
+
+def test_a_shard_index_naming_a_file_outside_the_folder_is_one_line(tmp_path):
+    folder = tmp_path / "gpt2"
+    hf_models.saved(folder)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    names = load_file(folder / "model-00001-of-00001.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {**{k: "model-00001-of-00001.safetensors" for k in names}, "x": "/dev/zero"}}))
+    with pytest.raises(ConfigError, match="names '/dev/zero', not a file in the folder"):
+        hf_gpt2.read_weights(folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["x"]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert set(hf_gpt2.read_weights(folder)) == set(names)  # the sharded layout itself reads
