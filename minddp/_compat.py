@@ -223,6 +223,12 @@ def dynamo_one_graph():
     return torch._dynamo.config.patch(optimize_ddp=False)
 
 
+def eager(fn):
+    """`fn` always runs eagerly, never traced by dynamo (one graph break at its call), as torch
+    DDP's own bookkeeping around the module runs under `torch.compile(ddp)`."""
+    return torch._disable_dynamo(fn)
+
+
 def in_backward() -> bool:
     """Is a backward pass running on this thread (a checkpoint's recomputation calls forward there)?"""
     return torch._C._current_graph_task_id() != -1

@@ -163,16 +163,19 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         if bcast:
             replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
         output = self._run_module(args, kwargs)
-        # after the module, as torch's _post_forward: a forward that raised starts no iteration,
-        # and what the module did to the sync flags (Lightning toggles them) is decided over here.
-        # The iteration ends at the backward that reaches this output; a checkpoint's
-        # recomputation inside this iteration's backward starts none (the iteration goes on).
+        self._post_forward(output, grad_scale)
+        return output
+
+    @_compat.eager
+    def _post_forward(self, output, grad_scale: float | None) -> None:
+        """After the module, as torch's: a forward that raised starts no iteration, and what the
+        module did to the sync flags (Lightning toggles them) is read here. The iteration ends at
+        the backward that reaches `output`; a checkpoint's recomputation inside this iteration's
+        backward starts none (it goes on). Otherwise a pending backward is left alone."""
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         self.require_forward_param_sync = sync
         if sync:
             self.reducer.prepare_for_backward(output, grad_scale=grad_scale)
-        # otherwise a pending backward (forward, no-grad forward, backward) is left alone
-        return output
 
     def _run_module(self, args, kwargs):
         if self.mixed is None:

@@ -1,9 +1,10 @@
 """The engine's host cost where the host paces the step: many small tensors, almost no compute
 (what a GPU sees of a small or medium model: its backward waits for the host to launch kernels).
 
-Workload: a GPT of tiny layers (32 wide, 1 head, a vocabulary of 64, one sequence of 8 tokens),
-SGD, one bucket (cap 25 MB), each step `zero_grad(set_to_none=...)` -> forward -> backward ->
-`step()`. Two measurements, both as ratios of what each engine adds to the same step:
+Workload (the model is the caller's: minddp.tools.bench_host builds a GPT of tiny layers, 32
+wide, 1 head, a vocabulary of 64) on one sequence of 8 tokens, SGD, one bucket (cap 25 MB), each
+step `zero_grad(set_to_none=...)` -> forward -> backward -> `step()`. Two measurements, both
+as ratios of what each engine adds to the same step:
 - `step_costs`: `none` (no wrapper, no communication), torch DDP and minddp interleaved, in an
   order rotated every round, wall time and the process's own CPU time (which other processes
   do not move) per step; with `.grad` set to None each step (the default of `zero_grad()`) and
@@ -25,15 +26,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hoo
 
 from .. import _compat
 from ..engine.ddp import DistributedDataParallel
-from ..train.model import GPT, GPTConfig
 
 ENGINES = ("none", "torch DDP", "minddp")
-
-
-def host_model(layers: int) -> nn.Module:
-    """The host-bound GPT: 12 layers have 149 parameter tensors, 48 have 581, 96 have 1157."""
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=layers, n_head=1, n_embd=32))
+VOCAB, TOKENS = 64, 8  # the model's vocabulary and the one sequence's length (minddp.tools.bench_host)
 
 
 def num_tensors(model: nn.Module) -> int:
@@ -63,17 +58,19 @@ def _done(t: torch.Tensor) -> torch.futures.Future:
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return torch.randint(0, 64, (1, 8), generator=g), torch.randint(0, 64, (1, 8), generator=g)
+    return (torch.randint(0, VOCAB, (1, TOKENS), generator=g),
+            torch.randint(0, VOCAB, (1, TOKENS), generator=g))
 
 
 def _loss(model, x, y) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
-def step_costs(layers: int, rounds: int, steps: int, set_to_none: bool) -> dict[str, dict[str, float]]:
+def step_costs(base: nn.Module, rounds: int, steps: int, set_to_none: bool) -> dict[str, dict[str, float]]:
     """{engine: {"wall": s, "cpu": s}}: median per step over rounds of `steps` steps each, the
-    engines interleaved in an order rotated every round (the first round is warm-up)."""
-    base, (x, y) = host_model(layers), _batch()
+    engines (each its own copy of `base`) interleaved in an order rotated every round (the first
+    round is warm-up)."""
+    x, y = _batch()
     models = {e: _wrapped(base, e, stub=False) for e in ENGINES}
     opts = {e: torch.optim.SGD(m.parameters(), lr=1e-3) for e, m in models.items()}
     samples = {e: {"wall": [], "cpu": []} for e in ENGINES}
@@ -98,10 +95,10 @@ def added_ratio(costs: dict[str, dict[str, float]], clock: str) -> float:
     return (costs["minddp"][clock] - none) / (costs["torch DDP"][clock] - none)
 
 
-def hook_costs(layers: int, reps: int, set_to_none: bool) -> dict[str, float]:
+def hook_costs(base: nn.Module, reps: int, set_to_none: bool) -> dict[str, float]:
     """{engine: µs of process CPU time per ready gradient}, communication stubbed: one backward
     with each engine less the plain model's, interleaved, median over `reps`."""
-    base, (x, y) = host_model(layers), _batch()
+    x, y = _batch()
     models = {e: _wrapped(base, e, stub=True) for e in ENGINES}
     n = num_tensors(base)
     samples = {e: [] for e in ENGINES}

@@ -22,7 +22,7 @@ TOOLS = {
     "bench": ("bench", "nccl-tests-style collective sweep, alpha-beta fit (torchrun)"),
     "calibrate": ("calibrate", "what the cost model needs on this machine: docs/calibration.json (torchrun)"),
     "bench-ddp": ("bench_ddp", "minddp vs torch DDP per bucket cap, per-bucket CPU cost (torchrun)"),
-    "bench-host": ("bench_host", "host cost on many small tensors: minddp vs torch DDP per gradient (torchrun)"),
+    "bench-host": ("bench_host", "host cost, many small tensors: minddp vs torch DDP (torchrun)"),
     "bench-trainer": ("bench_trainer", "the trainer's step vs bare torch-DDP loops (torchrun)"),
     "bench-memory": ("bench_memory", "peak memory per rank: torch DDP, minddp DDP, ZeRO-1"),
     "bench-debug": ("bench_debug", "cost of the flight recorder per collective (torchrun)"),

@@ -37,6 +37,8 @@ BAD = {
                   "-b 1G", "-e -1"],
     "bench-debug": ["--iters 0", "--block x", "--iters=-5"],
     "bench-trainer": ["--repeats 0", "--rounds -1", "--steps x", "--out {tmp}/afile/t"],
+    "bench-host": ["--repeats 0", "--rounds -1", "--steps-per-round x", "--layers 0", "--layers x,1",
+                   "--hook-reps 0", "--out {tmp}/afile/h"],
     "bench-memory": ["--models nope", "--models=", "--dp 0", "--dp=", "--dp 2,x", "--configs nope",
                      "--steps 0", "--reuse {tmp}/missing.json", "--reuse {tmp}/notjson.txt",
                      "--reuse {tmp}/empty.json", "--out {tmp}/afile/m"],
