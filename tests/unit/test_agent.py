@@ -63,7 +63,7 @@ def test_the_worker_stops_with_one_line_when_its_parent_dies():
 
 @pytest.mark.skipif(not os.path.exists("/proc/self"), reason="Linux's prctl")
 def test_a_worker_whose_main_thread_is_inside_cpp_stops_too():
-    """issue 56.3: a main thread blocked in C++ (init_process_group waiting on a slow peer) never
+    """A main thread blocked in C++ (the process group's start, waiting on a slow peer) never
     runs the signal's Python handler; here the signal is blocked in the main thread, as good as
     never handled there, and the worker must still stop within seconds."""
     r, w = os.pipe()
