@@ -98,7 +98,7 @@ class Reducer:
         version = self.layout.version + 1 if self.layout is not None else 1
         for fn in self.rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
             fn(self.layout)
-        self.layout = None
+        self.layout, self.views = None, ()
         self.reduction.bind(None)  # let each old buffer go once its last gradient has moved
         shards = self.reduction.pad_to
         me = dist.get_group_rank(self.group, dist.get_rank()) if shards > 1 else 0
