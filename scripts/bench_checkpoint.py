@@ -114,7 +114,7 @@ def bench(args) -> dict:
     trainer.setup()
     group = dist.new_group(backend="gloo")  # DCP's collectives (torch's advice for async_save)
     variants = args.variants
-    step, out = 0, {v: {"ckpt": [], "after": [], "normal": [], "peak": []} for v in variants}
+    step, out = 0, {v: {"ckpt": [], "after": [], "normal": [], "peak": [], "save": []} for v in variants}
     for _ in range(2):  # warm-up: buckets, allocator, the optimizer's state
         step += 1
         timed_step(trainer, step)
@@ -129,8 +129,11 @@ def bench(args) -> dict:
             with PeakRSS() as mem:
                 t0 = time.perf_counter()
                 trainer.train_step(step)
+                dist.barrier()  # the save alone: from every rank's start to its own end
+                t_save = time.perf_counter()
                 pending = save(v, trainer, step, run_dir, group)
                 ckpt = time.perf_counter() - t0
+                saved = time.perf_counter() - t_save
                 step += 1
                 t1 = time.perf_counter()
                 trainer.train_step(step)  # overlaps folder-async's write
@@ -145,12 +148,19 @@ def bench(args) -> dict:
             dist.all_gather_object(peaks, mem.peak - mem.base)
             o = out[v]
             o["ckpt"].append(ckpt)
+            o["save"].append(max(all_ranks(saved)))  # the stall: the slowest rank's
             o["after"].append(after)
             o["normal"].append(statistics.median(normal))
             o["peak"].append(peaks)
     out["params"] = trainer.num_params
     out["device"] = f"{trainer.info.backend} on {trainer.info.device.type}"
     return out
+
+
+def all_ranks(value: float) -> list[float]:
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    return got
 
 
 def spread(values: list[float]) -> str:
@@ -173,6 +183,16 @@ def table(out: dict, args) -> str:
         ranks = [spread([p[r] for p in o["peak"]]) for r in (0, -1)]
         lines.append(f"| {v} | {spread(o['normal'])} | {spread(o['ckpt'])} | {spread(ratio)} | "
                      f"{spread(after)} | {ranks[0]} | {ranks[1]} |")
+    if "dcp" in args.variants:
+        bare = out["dcp"]["save"]
+        lines += ["", "The save alone (from a barrier to the slowest rank's return; a folder's includes its "
+                  "commit, the background one only its staging) over a bare `dcp.save` of the same tensors "
+                  "in the same round (issue 55's target for `folder`: at most 1.25):", ""]
+        for v in args.variants:
+            if v != "dcp":
+                ratio = [s / b for s, b in zip(out[v]["save"], bare)]
+                lines.append(f"- {v}: {spread(out[v]['save'])} s, {spread(ratio)} x bare dcp.save "
+                             f"({spread(bare)} s)")
     return "\n".join(lines) + "\n"
 
 

@@ -76,7 +76,8 @@ def run_layout(name: str, args, scratch: Path) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                __file__, "--phase", phase, "--run-dir", str(run_dir), "--report", str(report),
                "--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--", *overrides]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               **dict(kv.split("=", 1) for kv in args.env)}
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if p.returncode:
             raise SystemExit(f"{name} {phase}: exit {p.returncode}\n{p.stderr[-3000:]}")
@@ -106,8 +107,17 @@ def _items(folder: Path):
 def table(results: dict, args) -> str:
     mib = 2 ** 20
     some = next(iter(results.values()))
-    lines = [
-        "# What a resume costs each rank (make bench-resume)", "",
+    if args.append:  # a second pass under other settings, below the first
+        lines = [f"## The same with {' '.join(args.env)}", "", *_header()]
+    else:
+        lines = ["# What a resume costs each rank (make bench-resume)", "", *_intro(some, args), "",
+                 *_header()]
+    verdicts = [_rows(name, r, lines, mib) for name, r in results.items()]
+    return "\n".join(lines + ["", *verdicts, ""])
+
+
+def _intro(some, args) -> list[str]:
+    return [
         f"The trainer, a GPT of {some['ranks']['train'][0]['params'] / 1e6:.1f}M parameters "
         f"(n_layer {args.n_layer}, n_embd {args.n_embd}) with AdamW, on the CPU with gloo: 2 steps with a "
         "folder checkpoint at step 2, then `train.resume=auto` for one step more, each a fresh torchrun "
@@ -116,30 +126,32 @@ def table(results: dict, args) -> str:
         "integrity.json and .metadata (twice: the choice's and DCP's); *rchar* every byte the process "
         "read while setting up (/proc/self/io: its imports and data too). *Share* is the checkpoint's "
         "size over the world plus what every rank reads whole (the model, the small files; with plain "
-        "DDP the optimizer state too). Written by `scripts/bench_resume.py`.", "",
-        "| layout | checkpoint | share per rank | rank | training peak RSS | resumed peak RSS "
-        "| resumed / training | read | read / share | rchar in setup |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    verdicts = []
-    for name, r in results.items():
-        world = r["nproc"]
-        whole = r["replicated"] + r["small"]
-        share = (r["size"] - whole) / world + whole
-        worst_read = 0.0
-        for t, z in zip(r["ranks"]["train"], r["ranks"]["resume"]):
-            ratio = z["peak_rss_mb"] / t["peak_rss_mb"]
-            read = z["items_read"] + r["small"]
-            worst_read = max(worst_read, read / share)
-            lines.append(f"| {name} | {r['size'] / mib:.1f} MiB | {share / mib:.1f} MiB | {t['rank']} | "
-                         f"{t['peak_rss_mb']:.0f} MiB | {z['peak_rss_mb']:.0f} MiB | {ratio:.2f} | "
-                         f"{read / mib:.1f} MiB | {read / share:.2f} | {z['read_in_setup'] / mib:.1f} MiB |")
-        busiest = max(z["peak_rss_mb"] for z in r["ranks"]["resume"])
-        trained = max(t["peak_rss_mb"] for t in r["ranks"]["train"])
-        verdicts.append(f"- {name}: busiest rank resumed at {busiest:.0f} MiB against {trained:.0f} MiB "
-                        f"in training ({busiest / trained - 1:+.0%}; target at most +10%); the most any rank "
-                        f"read is {worst_read:.2f} x its share (target at most 1.2)")
-    return "\n".join(lines + ["", *verdicts, ""])
+        "DDP the optimizer state too). Written by `scripts/bench_resume.py`."]
+
+
+def _header() -> list[str]:
+    return ["| layout | checkpoint | share per rank | rank | training peak RSS | resumed peak RSS "
+            "| resumed / training | read | read / share | rchar in setup |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _rows(name: str, r: dict, lines: list, mib: int) -> str:
+    world = r["nproc"]
+    whole = r["replicated"] + r["small"]
+    share = (r["size"] - whole) / world + whole
+    worst_read = 0.0
+    for t, z in zip(r["ranks"]["train"], r["ranks"]["resume"]):
+        ratio = z["peak_rss_mb"] / t["peak_rss_mb"]
+        read = z["items_read"] + r["small"]
+        worst_read = max(worst_read, read / share)
+        lines.append(f"| {name} | {r['size'] / mib:.1f} MiB | {share / mib:.1f} MiB | {t['rank']} | "
+                     f"{t['peak_rss_mb']:.0f} MiB | {z['peak_rss_mb']:.0f} MiB | {ratio:.2f} | "
+                     f"{read / mib:.1f} MiB | {read / share:.2f} | {z['read_in_setup'] / mib:.1f} MiB |")
+    busiest = max(z["peak_rss_mb"] for z in r["ranks"]["resume"])
+    trained = max(t["peak_rss_mb"] for t in r["ranks"]["train"])
+    return (f"- {name}: busiest rank resumed at {busiest:.0f} MiB against {trained:.0f} MiB in training "
+            f"({busiest / trained - 1:+.0%}; target at most +10%); the most any rank read is "
+            f"{worst_read:.2f} x its share (target at most 1.2)")
 
 
 def main() -> None:
@@ -151,6 +163,9 @@ def main() -> None:
     parser.add_argument("--n-layer", type=int, default=8)
     parser.add_argument("--n-embd", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set for every run (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
+    parser.add_argument("--append", action="store_true", help="add the table below --out's, as a second pass")
     parser.add_argument("--phase", choices=("train", "resume"), help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--report", help=argparse.SUPPRESS)
@@ -168,7 +183,7 @@ def main() -> None:
     text = table(results, args)
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        Path(args.out).write_text((Path(args.out).read_text() + "\n" if args.append else "") + text)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

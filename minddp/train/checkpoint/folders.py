@@ -77,7 +77,7 @@ from .sharded import CheckedReader, CorruptChunk, LoadPlanner, SavePlanner, Shar
 
 REF = "__dcp__"  # the key of a reference to a tensor held by DCP's files
 STATE, INTEGRITY = "state.pt", "integrity.json"
-LARGE = ("model", "optimizer")  # what goes through DCP; the rest of a checkpoint is small
+LARGE = ("model", "optimizer", "rng")  # through DCP (each rank writes its own RNG state); the rest is small
 _KINDS = (CheckpointWriteError,) * 2  # any failure of a save stops every rank as one
 log = logging.getLogger("minddp")
 

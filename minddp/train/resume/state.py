@@ -37,8 +37,7 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     else:
         model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
         opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
-    rng = [None] * dist.get_world_size()
-    dist.all_gather_object(rng, rng_state(device))
+    rng = own_rng(device) if folder else gathered_rng(device)
     epoch, pos = batches.position(step)
     everything = {"model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
                   "step": step, "epoch": epoch, "position_in_epoch": pos,
@@ -48,6 +47,21 @@ def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_
     path = (FOLDER if folder else FILE).save(run_dir, step, everything)
     _said_saved(path, log)
     return path
+
+
+def gathered_rng(device) -> list:
+    """Every rank's RNG state, by rank (a collective): a file holds them all."""
+    rng = [None] * dist.get_world_size()
+    dist.all_gather_object(rng, rng_state(device))
+    return rng
+
+
+def own_rng(device) -> list:
+    """Every rank's RNG state by rank, this rank's own and the others' as parts it does not hold
+    (Piece without a tensor: a reference in state.pt, written by its rank): nothing gathered."""
+    mine = rng_state(device)
+    others = {k: Piece(tuple(v.shape), 0, None) for k, v in mine.items()}
+    return [mine if r == dist.get_rank() else others for r in range(dist.get_world_size())]
 
 
 def own_model_state(model, mesh) -> dict:
@@ -99,6 +113,11 @@ def load_in_place(path, saved, *, model, opt, mesh) -> int:
         if isinstance(v, torch.Tensor) and v.is_meta:
             targets[f"model/{name}"] = Shards.of_param(t, specs.get(name), mesh.tp_size, mesh.tp_rank)
     opt_sd, finish = _optimizer_targets(opt, saved["optimizer"], mesh, targets)
+    index = dist.get_rank() % len(saved["rng"])
+    rng = saved["rng"][index]
+    for k, v in rng.items():  # this rank's RNG state (a folder of 0.7 holds each rank's in DCP's files)
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            rng[k] = targets[f"rng[{index}]/{k}"] = torch.empty(v.shape, dtype=v.dtype)
     read = FOLDER.load_into(path, targets)
     with torch.no_grad():
         for name, t in model_sd.items():  # the small ones (0-dim) came with state.pt
