@@ -256,6 +256,12 @@ def test_tp2_folders_hold_each_ranks_slices_and_resume_bitwise(tmp_path):
     entries = SafeReader(folder).read_metadata().state_dict_metadata
     qkv = next(k for k in entries if k.startswith("model/") and "qkv.weight" in k)
     assert len(entries[qkv].chunks) == 6, entries[qkv].chunks
+    shutil.copytree(tmp_path / "run", tmp_path / "one")
     run_train(tmp_path / "run", *args, "train.resume=auto", nproc=4)
     _equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
     assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "ref")]
+    # the same slices and ZeRO-1 parts read whole by one process (tp 1, plain): the same run, to rounding
+    run_train(tmp_path / "one", *ARGS, DCP, "train.resume=auto", nproc=1)
+    assert_same_curves(metrics(tmp_path / "one"), metrics(tmp_path / "ref"), atol=1e-5)
+    for k, v in final_model(tmp_path / "ref").items():
+        torch.testing.assert_close(final_model(tmp_path / "one")[k], v, atol=3e-5, rtol=1e-4)
