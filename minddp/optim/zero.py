@@ -78,7 +78,7 @@ class ShardedOptimizer:
         self._steps: tuple[int, BucketSteps] | None = None  # (layout version, its per-bucket steps)
         self.gather_per_bucket = ddp.device.type == "cuda"  # step a shard, gather it, next (see step)
         self._pending_state: dict | None = None  # loaded, applied once the bucket layout is final
-        self._pending_parts: tuple | None = None  # (layout version, own parts, saved state): load_own_state
+        self._pending_parts: tuple | None = None  # (own parts, saved state): load_own_state
         inner = [{**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in groups]
         self._slice_shards(inner)
         self.optim = optimizer_class(inner, **defaults)
@@ -290,30 +290,38 @@ class ShardedOptimizer:
         return [(pos_of[s.param], s.lo, s.hi - s.lo) for s in self._segments]
 
     def load_own_state(self, parts: dict, saved_state: dict, param_groups: list) -> None:
-        """This rank's parts of a checkpoint's optimizer state, as own_parts() cut them
-        ({position: (lo, {key: flat part})}; the scalars, `step`, from `saved_state`, the
-        unsharded state dict's with any stand-in for the tensors). Taken at the first step: if
-        the engine rebuilt its buckets in between, each part moves to the rank that steps it
-        then (zero_state.moved), bit for bit."""
+        """This rank's parts of a checkpoint's optimizer state, cut in any way
+        ({position: (lo, {key: flat part})}, together over the ranks each element once: as this
+        rank wrote them, or as own_parts() cuts them; the scalars, `step`, from `saved_state`,
+        the unsharded state dict's with any stand-in for the tensors). Taken at the first step,
+        once the engine has rebuilt its buckets: where the parts are not the segments every
+        rank steps then, each moves to its rank (zero_state.moved), bit for bit."""
         for g, saved in zip(self.optim.param_groups, param_groups):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._pending_state = None
-        self._pending_parts = (self._version, parts, saved_state)
+        self._pending_parts = (parts, saved_state)
+
+    def _cut_as_segments(self) -> tuple[dict, dict]:
+        """The pending parts, moved where they are not this layout's segments on every rank (an
+        agreed check: a collective)."""
+        parts, saved = self._pending_parts
+        if not zero_state.fit_everywhere(parts, saved, self._segments, self._group_params,
+                                         self.ddp.process_group):
+            parts = zero_state.moved(self.ddp, parts, saved, self._segments, self._group_params)
+        return parts, saved
 
     def _apply_parts(self) -> None:
-        version, parts, saved = self._pending_parts
+        parts, saved = self._cut_as_segments()
         self._pending_parts = None
-        if version != self._version:
-            parts = zero_state.moved(self.ddp, parts, saved, self._segments, self._group_params)
         zero_state.install(self.optim, parts, saved, self._segments, self._group_params)
 
     @contextmanager
     def _parts_held(self):
         """A save before the first step after a load: the loaded parts stand as the state."""
-        if self._pending_parts is None or self._pending_parts[0] != self._version:
+        if self._pending_parts is None:
             yield
             return
-        _, parts, saved = self._pending_parts
+        parts, saved = self._pending_parts = self._cut_as_segments()
         zero_state.install(self.optim, parts, saved, self._segments, self._group_params)
         try:
             yield

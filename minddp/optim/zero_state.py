@@ -141,6 +141,17 @@ def install(optim, parts: dict, saved: dict, segments, group_params) -> None:
         optim.state[s.tensor] = st
 
 
+def fit_everywhere(parts: dict, saved: dict, segments, group_params, group) -> bool:
+    """Whether on every rank the parts are exactly the segments it steps (of the parameters the
+    state holds): one small all-reduce."""
+    pos_of = positions(group_params)
+    mine = {(pos_of[s.param], s.lo, s.hi - s.lo) for s in segments if pos_of[s.param] in saved}
+    held = {(pos, lo, next(iter(ts.values())).numel()) for pos, (lo, ts) in parts.items() if ts}
+    misfit = torch.tensor([float(mine != held)])
+    dist.all_reduce(misfit, op=dist.ReduceOp.MAX, group=group)
+    return not misfit.item()
+
+
 def moved(ddp, parts: dict, saved: dict, segments, group_params) -> dict:
     """Parts cut by an earlier bucket layout, re-cut as `segments` (the layout now): bucket by
     bucket and key by key, each rank puts its parts into a zero buffer of the bucket and one

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ...optim.zero_state import Piece
 from ...parallel import tensor_parallel as tp
 from ..checkpoint import CheckpointError
+from ..checkpoint.dcp_reader import SafeReader
 from ..checkpoint.files import FILE
 from ..checkpoint.folders import FOLDER, BackgroundSave
 from ..checkpoint.sharded import Shards
@@ -112,7 +113,7 @@ def load_in_place(path, saved, *, model, opt, mesh) -> int:
         v = saved["model"].get(name)
         if isinstance(v, torch.Tensor) and v.is_meta:
             targets[f"model/{name}"] = Shards.of_param(t, specs.get(name), mesh.tp_size, mesh.tp_rank)
-    opt_sd, finish = _optimizer_targets(opt, saved["optimizer"], mesh, targets)
+    opt_sd, finish = _optimizer_targets(opt, saved["optimizer"], mesh, targets, path)
     index = dist.get_rank() % len(saved["rng"])
     rng = saved["rng"][index]
     for k, v in rng.items():  # this rank's RNG state (a folder of 0.7 holds each rank's in DCP's files)
@@ -128,15 +129,59 @@ def load_in_place(path, saved, *, model, opt, mesh) -> int:
     return read
 
 
-def _optimizer_targets(opt, saved: dict, mesh, targets: dict):
+def _written_parts(path, state: dict, mesh) -> list[tuple[int, int, int]] | None:
+    """(position, lo, numel) of the optimizer parts this rank wrote, where every writer of the
+    checkpoint is a rank of this run and tp is 1: read whole, exactly as stored, and most likely
+    the segments this rank steps once the engine rebuilds its buckets as the saving run did.
+    None where that does not hold for every writer (decided from the index: alike on every
+    rank); the parts are then cut as this rank's segments are now."""
+    if mesh.tp_size != 1 or not state:
+        return None
+    index = SafeReader(path).read_metadata()
+    world = dist.get_world_size()
+    written: dict[int, dict[str, list]] = {}
+    for i, info in index.storage_data.items():
+        if i.fqn.startswith("optimizer/"):
+            name = info.relative_path
+            writer = int(name.split("_")[2]) if name.startswith("__") and name.count("_") >= 3 else world
+            if writer >= world:
+                return None
+            written.setdefault(writer, {}).setdefault(i.fqn, []).append(tuple(i.offset))
+    cuts = {}
+    for writer, mine in written.items():
+        cuts[writer] = []
+        for pos, st in state.items():
+            ranges = set()
+            for key, v in st.items():
+                if not (isinstance(v, torch.Tensor) and v.is_meta):
+                    continue
+                if v.dim() > 2:
+                    return None
+                fqn, cols = f"optimizer/state/{pos}/{key}", v.shape[-1] if v.dim() == 2 else 1
+                chunks = index.state_dict_metadata[fqn].chunks
+                sizes = {tuple(c.offsets): torch.Size(c.sizes).numel() for c in chunks}
+                starts = {o: o[0] * cols + (o[1] if v.dim() == 2 else 0) for o in mine.get(fqn, ())}
+                spans = sorted((starts[o], sizes[o]) for o in starts)
+                if any(a + n != b for (a, n), (b, _) in zip(spans, spans[1:])):
+                    return None
+                ranges.add((spans[0][0], sum(n for _, n in spans)) if spans else None)
+            if len(ranges) > 1:
+                return None
+            if ranges and (r := ranges.pop()) is not None:
+                cuts[writer].append((pos, *r))
+    return cuts.get(dist.get_rank(), [])
+
+
+def _optimizer_targets(opt, saved: dict, mesh, targets: dict, path=None):
     """Buffers for this rank's part of every saved optimizer tensor, added to `targets`; the
     state dict they make and the function that hands it to the optimizer once read."""
     specs = tp._param_specs(opt)
     params = opt.original_params()
     state = saved["state"]
-    if hasattr(opt, "own_parts"):  # ZeRO-1: the parts this rank steps
+    if hasattr(opt, "own_parts"):  # ZeRO-1: the parts this rank wrote, else those it steps now
         parts = {}
-        for pos, lo, n in opt.own_parts():
+        cuts = _written_parts(path, state, mesh)
+        for pos, lo, n in (cuts if cuts is not None else opt.own_parts()):
             st, p = state.get(pos) or {}, params[pos]
             bufs = {}
             for key, v in st.items():
