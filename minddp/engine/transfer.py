@@ -57,10 +57,17 @@ class HostCopy:
     def tolist(self) -> list:
         """The values, once their copy has landed (waits for that copy, nothing later, if
         `landed()` was not True yet)."""
+        return self._landed_host().tolist()
+
+    def any(self) -> bool:
+        """Whether any value is nonzero, read as `tolist` reads (one op, no list)."""
+        return bool(self._landed_host().any())
+
+    def _landed_host(self) -> torch.Tensor:
         if self.event is not None:
             self.event.synchronize()
             self.event = None
-        return self.host.tolist()
+        return self.host
 
 
 def to_host(tensor: torch.Tensor) -> HostCopy:

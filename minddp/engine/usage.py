@@ -65,7 +65,7 @@ class UsageFlags:
             if any(unused):  # only then does a .grad depend on other ranks
                 grads.restore_unused(transfer.to_host(tail).tolist(), unused, layout.grad_views, params)
             return
-        self._pending.append([transfer.to_host(tail), list(used), 0])
+        self._pending.append([transfer.to_host(tail), bytes(used), 0])
 
     def check(self) -> None:
         """At each forward: a parameter some rank left unused is an error, on every rank. Flags
@@ -78,7 +78,6 @@ class UsageFlags:
                     e[2] += 1
                 return
             self._pending.popleft()
-            unused = [v != 0 for v in copy.tolist()]  # waits only past MAX_DEFER forwards
-            if any(unused):
+            if copy.any():  # waits only past MAX_DEFER forwards
                 self._pending.clear()
-                checks.unused_parameters_error(self.names, unused, used)
+                checks.unused_parameters_error(self.names, [v != 0 for v in copy.tolist()], used)
