@@ -16,6 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel.distributed
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed._shard._utils import narrow_tensor_by_index  # noqa: F401  (checkpoint.sharded's)
+from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+from torch.distributed.checkpoint.planner_helpers import _create_chunk_from_tensor, _create_write_items
+
+# DCP's helpers a storage writer and a planner of minddp's own build on (minddp.train.checkpoint.sharded):
+# a writer's per-file transforms, one tensor's chunk and write items
+StorageWriterTransforms = _StorageWriterTransforms
+create_chunk_from_tensor = _create_chunk_from_tensor
+create_write_items = _create_write_items
 
 # The oldest torch minddp runs on: GPU nodes bring their own CUDA build (e.g. 2.11 with CUDA 13).
 # pyproject.toml pins 2.13.0 exactly only so a CPU machine's `make install` gets the CPU wheel.

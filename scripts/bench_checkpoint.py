@@ -187,7 +187,7 @@ def table(out: dict, args) -> str:
         bare = out["dcp"]["save"]
         lines += ["", "The save alone (from a barrier to the slowest rank's return; a folder's includes its "
                   "commit, the background one only its staging) over a bare `dcp.save` of the same tensors "
-                  "in the same round (issue 55's target for `folder`: at most 1.25):", ""]
+                  "in the same round (the target for `folder`: at most 1.25):", ""]
         for v in args.variants:
             if v != "dcp":
                 ratio = [s / b for s, b in zip(out[v]["save"], bare)]

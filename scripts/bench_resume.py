@@ -9,7 +9,7 @@ runs twice under torchrun, as a user would: 2 steps with a folder checkpoint at 
 trainer's resume_bytes_read: checked by sharded.CheckedReader) and every byte it read while
 setting up (/proc/self/io rchar: state.pt, .metadata, the items). The table sets them against
 the checkpoint's size over the world plus what every rank holds whole (the model; with plain
-DDP the optimizer state too; state.pt and .metadata): issue 55's targets are the busiest rank's
+DDP the optimizer state too; state.pt and .metadata): the targets are the busiest rank's
 resumed peak within training's + 10% and bytes read within 1.2 x that share.
 """
 

@@ -187,7 +187,7 @@ def full_optimizer_state(opt, model, group=None, tp_size: int = 1) -> dict:
     sd = opt.state_dict()
     if tp_size == 1:
         return sd
-    specs = _param_specs(opt)
+    specs = param_specs(opt)
     for idx, st in sd["state"].items():
         spec = specs[idx]
         if spec:
@@ -198,7 +198,7 @@ def full_optimizer_state(opt, model, group=None, tp_size: int = 1) -> dict:
 
 def load_full_optimizer_state(opt, sd: dict, tp_size: int = 1, tp_rank: int = 0) -> None:
     if tp_size > 1:
-        specs = _param_specs(opt)
+        specs = param_specs(opt)
         for idx, st in sd["state"].items():
             spec = specs[idx]
             if spec:
@@ -207,7 +207,7 @@ def load_full_optimizer_state(opt, sd: dict, tp_size: int = 1, tp_rank: int = 0)
     opt.load_state_dict(sd)
 
 
-def _param_specs(opt) -> dict[int, tuple | None]:
+def param_specs(opt) -> dict[int, tuple | None]:
     """Optimizer state index -> the parameter's tp_shard spec (torch numbers params in group order;
     `opt` keeps minddp.optim's protocol: original_params() in that order)."""
     return {i: getattr(p, "tp_shard", None) for i, p in enumerate(opt.original_params())}

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from ..safety.together import together
 from . import integrity
-from .errors import CheckpointError, CheckpointReadError
+from .errors import CheckpointError, CheckpointReadError, DifferentModel
 from .folders import FOLDER
 from .formats import load, remove_crash_leftovers
 from .store import all_checkpoints, checkpoint_dir, is_checkpoint_folder, listed
@@ -143,7 +143,7 @@ def resolve_agreed(run_dir, resume: str, device, accept=None, into=None,
         try:
             together(error, what="resume", kinds=(CheckpointError, CheckpointReadError))
         except CheckpointError as e:  # corrupt: an older one may do, where resume lets us choose
-            if resume_run_dir(resume) is None and resume != "auto":
+            if isinstance(e, DifferentModel) or (resume_run_dir(resume) is None and resume != "auto"):
                 raise
             failures.append(str(e))
             skip.add(str(path))

@@ -21,6 +21,10 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used (at start-up): the message names the file and the reason."""
 
 
+class DifferentModel(CheckpointError):
+    """A checkpoint written by another model than this run's: no fallback to an older one."""
+
+
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed (disk full, quota, permissions): an I/O error, not a config one."""
 

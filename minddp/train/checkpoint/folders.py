@@ -65,6 +65,7 @@ from .dcp_reader import SafeReader, UnsafeIndex, read_index, to_torch_save
 from .errors import (
     CheckpointError,
     CheckpointWriteError,
+    DifferentModel,
     first_failure,
     is_transient,
     is_write_failure,
@@ -73,7 +74,15 @@ from .errors import (
     write_error,
 )
 from .files import checked
-from .sharded import CheckedReader, CorruptChunk, LoadPlanner, SavePlanner, Shards, SummingWriter
+from .sharded import (
+    CheckedReader,
+    CorruptChunk,
+    LoadPlanner,
+    ModelMismatch,
+    SavePlanner,
+    Shards,
+    SummingWriter,
+)
 
 REF = "__dcp__"  # the key of a reference to a tensor held by DCP's files
 STATE, INTEGRITY = "state.pt", "integrity.json"
@@ -297,6 +306,11 @@ def _on_rank0(action, final: Path, what: str):
     return together(error, result, what=what, kinds=_KINDS)[0]
 
 
+def different_model(path, e: ModelMismatch) -> DifferentModel:
+    return DifferentModel(f"checkpoint {path} was written by a different model: {e}. Use the model config it "
+                          "was trained with, or train.resume=none")
+
+
 @contextmanager
 def _reading(path: Path):
     """A read's failures as a format's: CheckpointError (corrupt: an older one may do),
@@ -304,12 +318,16 @@ def _reading(path: Path):
     damaged = (CorruptFolder, CorruptChunk, UnsafeIndex)
     try:
         yield
+    except ModelMismatch as e:
+        raise different_model(path, e) from None
     except damaged as e:
         raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
     except OSError as e:
         raise read_error(path, e) from e
     except dcp.CheckpointException as e:  # DCP's own: the reads' failures, per rank
         cause = first_failure(e)
+        if isinstance(cause, ModelMismatch):
+            raise different_model(path, cause) from None
         if isinstance(cause, damaged):
             raise CheckpointError(f"checkpoint {path} is corrupt: {cause}") from None
         if isinstance(cause, OSError):
@@ -587,7 +605,7 @@ def verify_files(folder: Path, sums: dict | None = None) -> None:
         reader = CheckedReader(folder, sums["chunks"])
         for name, offset, length, _ in sums["chunks"]:
             with open(folder / name, "rb") as f:
-                reader._slice_file(f, _Item(name, offset, length))
+                reader.check_item(f, _Item(name, offset, length))
         return
     for name, (size, crc) in sorted(sums.items()):
         try:

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystem, _StorageWriterTransforms
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     MetadataIndex,
@@ -40,14 +39,16 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
-from torch.distributed.checkpoint.planner_helpers import (
-    _create_chunk_from_tensor,
-    _create_write_items,
-    create_read_items_for_chunk_list,
-)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.futures import Future
 
+from ... import _compat
 from .dcp_reader import SafeReader
+
+
+class ModelMismatch(Exception):
+    """The stored tensors are not this run's model's (another shape, a name it does not hold): a
+    different model, not damage; no older checkpoint of the run would do either."""
 
 
 class CorruptChunk(Exception):
@@ -214,7 +215,7 @@ class SavePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         items = []
         for fqn, obj in self.state_dict.items():
-            items += obj.write_items(fqn) if isinstance(obj, Shards) else _create_write_items(fqn, obj)
+            items += obj.write_items(fqn) if isinstance(obj, Shards) else _compat.create_write_items(fqn, obj)
         self.plan = SavePlan(items)
         return self.plan
 
@@ -225,7 +226,7 @@ class SavePlanner(DefaultSavePlanner):
 
 class LoadPlanner(DefaultLoadPlanner):
     """DCP's default, reading into Shards (only the stored chunks they overlap) and tensors
-    (whole); a target of another size than stored is a CorruptChunk."""
+    (whole); a target of another size than stored is a ModelMismatch."""
 
     def __init__(self):
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
@@ -241,13 +242,13 @@ class LoadPlanner(DefaultLoadPlanner):
         for fqn, obj in self.state_dict.items():
             md = stored.get(fqn)
             if not isinstance(md, TensorStorageMetadata):
-                raise CorruptChunk(f"DCP's .metadata holds no tensor {fqn}")
+                raise ModelMismatch(f"it holds no tensor {fqn}")
             size = obj.size if isinstance(obj, Shards) else obj.size()
             if torch.Size(md.size) != torch.Size(size):
-                raise CorruptChunk(f"{fqn} is stored as {tuple(md.size)}, this run holds {tuple(size)}")
+                raise ModelMismatch(f"{fqn} is stored as {tuple(md.size)}, this run holds {tuple(size)}")
             if problem := _tiling_problem(md):
                 raise CorruptChunk(f"the stored parts of {fqn} {problem}")
-            chunks = obj.chunk_list() if isinstance(obj, Shards) else [_create_chunk_from_tensor(obj)]
+            chunks = obj.chunk_list() if isinstance(obj, Shards) else [_compat.create_chunk_from_tensor(obj)]
             items += create_read_items_for_chunk_list(fqn, md, chunks)
         return LoadPlan(items)
 
@@ -292,7 +293,7 @@ class _Crc:
         return getattr(self.inner, name)
 
 
-class _Summing(_StorageWriterTransforms):
+class _Summing(_compat.StorageWriterTransforms):
     """Each write item's bytes summed as DCP writes them: {MetadataIndex: crc}."""
 
     def __init__(self):
@@ -406,7 +407,7 @@ class CheckedReader(SafeReader):
                     if not self._read_into(stream, sinfo, req, target):
                         tensor = torch.load(self._slice_file(stream, sinfo), map_location="cpu",
                                             weights_only=True)
-                        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                        tensor = _compat.narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                         if target.size() != tensor.size():
                             raise CorruptChunk(f"{relative_path}: a stored item of {tuple(tensor.size())}, "
                                                f"its target {tuple(target.size())}")
@@ -415,6 +416,10 @@ class CheckedReader(SafeReader):
         done: Future = Future()
         done.set_result(None)
         return done
+
+    def check_item(self, stream, item) -> None:
+        """One stored item (anything with relative_path, offset, length) read and checked."""
+        self._slice_file(stream, item)
 
     def _read_into(self, stream, sinfo, req, target: torch.Tensor) -> bool:
         """The item's tensor bytes read into `target` itself when the item is exactly it (one

@@ -77,7 +77,7 @@ def own_optimizer_state(opt, mesh) -> dict:
     shape: a ZeRO-1 part (`sharded_state_dict`'s Pieces) or a replica's tp slice."""
     sharded = hasattr(opt, "sharded_state_dict")
     sd = opt.sharded_state_dict() if sharded else opt.state_dict()
-    specs = tp._param_specs(opt)
+    specs = tp.param_specs(opt)
 
     def own(v, idx):
         if isinstance(v, Piece):
@@ -175,7 +175,7 @@ def _written_parts(path, state: dict, mesh) -> list[tuple[int, int, int]] | None
 def _optimizer_targets(opt, saved: dict, mesh, targets: dict, path=None):
     """Buffers for this rank's part of every saved optimizer tensor, added to `targets`; the
     state dict they make and the function that hands it to the optimizer once read."""
-    specs = tp._param_specs(opt)
+    specs = tp.param_specs(opt)
     params = opt.original_params()
     state = saved["state"]
     if hasattr(opt, "own_parts"):  # ZeRO-1: the parts this rank wrote, else those it steps now
