@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +44,8 @@ from .io import lock
 from .io.atomic import atomic_write
 from .metrics import flight_recorder, flops, steptrace
 from .metrics import identity as ident_
-from .metrics.steptrace import StepTrace
-from .metrics.straggler import ArrivalClock, spread
+from .metrics.probe import StepProbe
+from .metrics.straggler import spread
 from .metrics.tracking import NullTracker, Tracker
 from .resume import check as resume_check
 from .resume import state
@@ -115,15 +114,19 @@ class Trainer:
                                                                into=self._load_in_place, check=check)
         state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
         self._init_from(ckpt_state)
-        self._restore(ckpt_state)  # self.start: 0 for a fresh run
+        self.start, self.guard = self._restore(ckpt_state)
         self._setup_throughput()
         self.tracker = self._make_tracker()
         for note in resume_notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
         self._window: list[StepResult] = []  # the steps since the last metrics row
-        self.clock, self._spread = ArrivalClock(info.device), {}  # the slowest rank, per check_every
+        self._spread = {}  # the slowest rank, per check_every
         self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
         self.faults = Faults(t, info.rank)
+        self.probe = StepProbe(self.ddp, self.faults, info.device, trace_step=t.trace_step,
+                               run_dir=self.run_dir, overlap=cfg.ddp.overlap, rank=info.rank,
+                               world=info.world_size)
+        self.peak_rss_mb = 0.0  # every rank's peak, from the last step's agreement
         self.checkpoints = CheckpointManager(self.run_dir, t, info.device.type, self.tracker.info,
                                              self.faults.pause, resumed_at=self.start)
         final = "" if t.ckpt_final else "; none at max_steps unless ckpt_every is due (ckpt_final=false)"
@@ -248,7 +251,7 @@ class Trainer:
         stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
         if t.check_every and step % t.check_every == 0:  # the step times ride on its all-gather
             self.opt.wait_params()
-            times = consistency.check_replicas(self.model, self.mesh.dp_group, self.clock.take())
+            times = consistency.check_replicas(self.model, self.mesh.dp_group, self.probe.clock.take())
             self._spread = spread(times)
         if self._should_log(step, result, stopping):
             val = (evaluate(self.model, self.val_set, self.mesh, t, self.info.device, self.autocast)
@@ -282,20 +285,19 @@ class Trainer:
                         "skipped_steps": self.skipped, "nonfinite_streak": self.guard.in_a_row})
 
     def train_step(self, step: int) -> StepResult:
-        """Micro-steps (the gradients reduced on the last), clip, step, zero_grad."""
-        flight_recorder.set_context(step=step, phase="forward/backward")
-        trace = (steptrace.StepTrace(self.ddp) if step == self.t.trace_step else steptrace.NO_TRACE).start()
-        self.clock.begin()
+        """Micro-steps (the gradients reduced on the last), clip, agree, step, zero_grad. The
+        instrumentation is the probe's (minddp.train.metrics.probe), at named points."""
+        probe = self.probe
+        probe.begin(step)
         loss_sum = torch.zeros((), device=self.info.device)
         for m, (x, y) in enumerate(self.batches.get(step - 1)):
             self.ddp.require_backward_grad_sync = m == self.accum - 1  # what no_sync() toggles
-            with trace.phase(f"forward {m}"), self.autocast():
+            with probe.forward(m), self.autocast():
                 loss = F.cross_entropy(self.ddp(x).flatten(0, 1).float(), y.flatten()) / self.accum
-            with trace.phase(f"backward {m}"):
+            with probe.backward(m):
                 loss.backward()
             loss_sum += loss.detach()
-        self.faults.after_backward(step, self.model, loss_sum)
-        flight_recorder.set_context(phase="optimizer")
+        probe.after_backward(step, self.model, loss_sum)
         clip = self.cfg.optim.grad_clip
         norm = self.opt.clip_grad_norm_(clip) if clip > 0 else self.opt.grad_norm()
         loss, stop, skip = self.agree(loss_sum, norm)  # the step's one host read
@@ -306,8 +308,7 @@ class Trainer:
             self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        if trace is not steptrace.NO_TRACE:
-            self._write_trace(step, trace)
+        probe.end(step)
         return StepResult(loss, norm, skip, stop)
 
     def autocast(self):
@@ -317,17 +318,15 @@ class Trainer:
         """One all-reduce decides for every rank together: the global loss (the mean over
         data-parallel ranks, not rank 0's shard), whether someone was asked to stop, and
         whether any rank saw a non-finite loss or gradient (then all skip, or all stop).
-        Each rank's peak memory rides along in its own slot (the sum then holds them all)."""
-        dev, world = self.info.device, self.info.world_size
-        nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norm.to(dev))
-        rss = [0.0] * world
-        rss[self.info.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * world  # MiB
-        host = transfer.to_device([float(self.stop.requested), *rss], like=loss_sum)  # pinned, async
+        Each rank's peak memory rides along in its own slot (the probe's)."""
+        nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norm.to(self.info.device))
+        host = transfer.to_device([float(self.stop.requested), *self.probe.memory_slot()],
+                                  like=loss_sum)  # pinned, async
         flags = torch.cat([torch.stack([loss_sum, nonfinite.float()]), host])
-        self.clock.arrive()
+        self.probe.arrive()
         dist.all_reduce(flags, op=dist.ReduceOp.AVG)
         values = flags.tolist()
-        self.clock.settled()
+        self.probe.settled()
         self.peak_rss_mb = max(values[3:])
         return values[0], values[2] > 0, values[1] > 0
 
@@ -362,26 +361,20 @@ class Trainer:
         self._spread = {}
         self.tracker.log({k: v for k, v in row.items() if v is not None})
 
-    def _write_trace(self, step: int, tracer: StepTrace) -> None:
-        # a collective (every rank's trace to every rank), then rank 0 writes
-        traces = {f"step {step}, overlap={self.cfg.ddp.overlap}": steptrace.gather(tracer.stop())}
-        if self.info.is_main:
-            files = steptrace.write(traces, f"{self.run_dir}/trace_step{step}")
-            log.info(f"wrote {files[0]} and {files[1]}")
-
     # ------------------------------------------------------------ checkpoints
     def _load_in_place(self, path, saved) -> None:
         """A folder checkpoint's tensors into this rank's model and optimizer, its parts only."""
         self.resume_bytes_read = state.load_in_place(path, saved, model=self.model, opt=self.opt,
                                                      mesh=self.mesh)
 
-    def _restore(self, saved) -> None:
-        """Optimizer, schedule and RNG of a loaded checkpoint, and a guard that can name it."""
-        self.start = state.load_training_state(saved, opt=self.opt, sched=self.sched, mesh=self.mesh,
-                                               lr_factor=self.lr_factor, rank=self.info.rank,
-                                               device=self.info.device)
-        self.guard = SkipGuard(self.t.max_skipped_steps, self.cfg.optim.lr, self.info.device, self.start,
-                               self.ckpt_path)
+    def _restore(self, saved) -> tuple[int, SkipGuard]:
+        """Optimizer, schedule and RNG of a loaded checkpoint: (its step, 0 for a fresh run; a
+        guard that can name it)."""
+        start = state.load_training_state(saved, opt=self.opt, sched=self.sched, mesh=self.mesh,
+                                          lr_factor=self.lr_factor, rank=self.info.rank,
+                                          device=self.info.device)
+        return start, SkipGuard(self.t.max_skipped_steps, self.cfg.optim.lr, self.info.device, start,
+                                self.ckpt_path)
 
     def load(self, path) -> int:
         """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
@@ -390,7 +383,7 @@ class Trainer:
         self.ckpt_path = Path(path)
         self.opt.wait_params()
         state.load_model(self.model, saved, self.mesh, self.ckpt_path)
-        self._restore(saved)
+        self.start, self.guard = self._restore(saved)
         return self.start
 
 

@@ -1,0 +1,76 @@
+"""The step's instrumentation, behind one object the step calls at named points, so that
+`Trainer.train_step` reads as nanoGPT's loop (micro-steps, backward, clip, the agreement, the
+optimizer step, zero_grad) and nothing else:
+
+    probe.begin(step)              the flight recorder's context, a traced step's StepTrace, the
+                                   arrival clock's start
+    with probe.forward(m): ...     a traced step's phases (nothing otherwise)
+    with probe.backward(m): ...
+    probe.after_backward(step, model, loss_sum)   injected faults (train.fault_*), then the
+                                   flight recorder's "optimizer" phase
+    probe.memory_slot()            this rank's peak RSS in its own slot: the agreement's average,
+                                   times the world, holds every rank's
+    probe.arrive() / settled()     the arrival clock around the agreement (the straggler report)
+    probe.end(step)                a traced step's trace gathered from every rank (a collective,
+                                   every rank calls it) and written by rank 0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+
+from . import flight_recorder, steptrace
+from .straggler import ArrivalClock
+
+log = logging.getLogger("minddp")
+
+
+class StepProbe:
+    def __init__(self, ddp, faults, device, *, trace_step: int | None, run_dir: str, overlap: bool,
+                 rank: int, world: int):
+        self.ddp, self.faults = ddp, faults
+        self.clock = ArrivalClock(device)  # read by the replica check (check_every): clock.take()
+        self.trace_step, self.run_dir, self.overlap = trace_step, run_dir, overlap
+        self.rank, self.world = rank, world
+        self.trace = steptrace.NO_TRACE  # the traced step's, between begin and end
+
+    def begin(self, step: int) -> None:
+        flight_recorder.set_context(step=step, phase="forward/backward")
+        traced = step == self.trace_step
+        self.trace = (steptrace.StepTrace(self.ddp) if traced else steptrace.NO_TRACE).start()
+        self.clock.begin()
+
+    def forward(self, m: int) -> contextlib.AbstractContextManager:
+        return self.trace.phase(f"forward {m}")
+
+    def backward(self, m: int) -> contextlib.AbstractContextManager:
+        return self.trace.phase(f"backward {m}")
+
+    def after_backward(self, step: int, model, loss_sum) -> None:
+        self.faults.after_backward(step, model, loss_sum)
+        flight_recorder.set_context(phase="optimizer")
+
+    def memory_slot(self) -> list[float]:
+        """[0, ..., this rank's peak RSS (MiB) x world, ..., 0]: averaged over ranks, each slot
+        holds its rank's own peak."""
+        slots = [0.0] * self.world
+        slots[self.rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * self.world
+        return slots
+
+    def arrive(self) -> None:
+        self.clock.arrive()
+
+    def settled(self) -> None:
+        self.clock.settled()
+
+    def end(self, step: int) -> None:
+        if self.trace is steptrace.NO_TRACE:
+            return
+        trace, self.trace = self.trace, steptrace.NO_TRACE
+        # a collective (every rank's trace to every rank), then rank 0 writes
+        traces = {f"step {step}, overlap={self.overlap}": steptrace.gather(trace.stop())}
+        if self.rank == 0:
+            files = steptrace.write(traces, f"{self.run_dir}/trace_step{step}")
+            log.info(f"wrote {files[0]} and {files[1]}")
