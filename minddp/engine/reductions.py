@@ -1,7 +1,7 @@
 """The engine's ways of reducing a bucket: one small class each, behind one interface.
 
 The reducer (minddp.engine.reducer) holds one `Reduction` and calls only its interface (bind,
-copy_in, launch, finish, shadow, usage_flags, replicas, with_hook): `AllReduce` (the default),
+launch, finish, shadow, usage_flags, replicas, with_hook): `AllReduce` (the default),
 `CompressedAllReduce` (`compress="fp16"/"bf16"`), `CommHook` (`register_comm_hook`),
 `ReduceScatter` (ZeRO-1, `shard_optimizer=True`). How a tensor's all-reduce runs (native,
 ring, tree, ...) is the `Communicator`'s (minddp.engine.communicator), shared by all of them.
