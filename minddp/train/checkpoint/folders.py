@@ -256,11 +256,14 @@ class BackgroundSave:
         it), else removes it. Returns rank 0's closing line (None on the others)."""
         said = f"the checkpoint of step {self.step}, written in the background when the run stopped"
         rank0 = dist.get_rank() == 0
+        # twice the collectives' own timeout: a write blocked in one (a peer stuck) fails there
+        # first and is removed, rather than racing this wait and being left to the next start
+        wait_s = 2 * timeout_s
         try:
             if self.writing is not None:
-                self.writer = self.writing.result(timeout=timeout_s)
+                self.writer = self.writing.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:
-            return (f"{said}: still being written after {timeout_s:.0f} s (train.timeout_s), left as "
+            return (f"{said}: still being written after {wait_s:.0f} s (2 x train.timeout_s), left as "
                     f"{self.tmp.name}, which the next start removes") if rank0 else None
         except BaseException as e:  # noqa: BLE001 - its failure is why it is removed, said below
             return self._removed(said, e) if rank0 else None
