@@ -363,11 +363,11 @@ def check_async_stall(gpus: int, out: Path, model: tuple[int, int] = (12, 768), 
     return verdict(ASYNC_STALL, passed, f"{detail}; {t}")
 
 
-def check_sigterm(gpus: int, out: Path) -> bool:
+def check_sigterm(gpus: int, out: Path, model: list[str] = SMALL) -> bool:
     """SIGTERM to every worker after step 5 (as Slurm sends it to each task): the step finishes, a
     checkpoint at that step is written and loads, the run exits 0."""
     run_dir = out / "sigterm_run"
-    cmd = torchrun(gpus, "train.py", *SMALL, f"train.global_batch_size={16 * gpus}", "train.max_steps=100000",
+    cmd = torchrun(gpus, "train.py", *model, f"train.global_batch_size={16 * gpus}", "train.max_steps=100000",
                    "train.ckpt_every=100000", "train.log_every=1")
     say(f"  ... SIGTERM run ({CLOCK.left():.0f} s of the budget left)")
     with (out / "sigterm.log").open("w") as log:

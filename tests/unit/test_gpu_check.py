@@ -184,10 +184,13 @@ def test_the_gpu_check_run_fits_its_budget():
 
 @pytest.mark.slow
 def test_the_sigterm_item_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch):
-    """The item's machinery without a GPU (the trainer picks the CPU): torchrun's workers are
-    signalled after step 5, exit 0, and the checkpoint at the step they stopped loads."""
+    """The item's machinery without a GPU (the trainer picks the CPU; a small model: the CPU is
+    slow): torchrun's workers are signalled after step 5, exit 0, and the checkpoint at the step
+    they stopped loads."""
     monkeypatch.setattr(gc, "RESULTS", {})
-    assert gc.check_sigterm(1, tmp_path)
+    tiny = ["model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.block_size=32",
+            "train.micro_batch_size=16", "train.eval_every=0", "wandb.mode=disabled"]
+    assert gc.check_sigterm(1, tmp_path, tiny), gc.RESULTS
     word, detail = gc.RESULTS["SIGTERM: exit 0, a loadable checkpoint at the step it stopped"].values()
     assert word == "PASS" and "exit 0" in detail, detail
 
