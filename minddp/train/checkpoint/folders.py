@@ -610,13 +610,8 @@ def verify_files(folder: Path, sums: dict | None = None) -> None:
             with open(folder / name, "rb") as f:
                 reader.check_item(f, _Item(name, offset, length))
         return
-    for name, (size, crc) in sorted(sums.items()):
-        try:
-            got = (folder / name).stat().st_size
-        except FileNotFoundError:
-            raise CorruptFolder(f"{name} is missing") from None
-        if got != size:
-            raise CorruptFolder(f"{name} holds {got} bytes, {size} were written")
+    _check_sizes(folder, sums)  # 0.6's: every file's size and CRC-32
+    for name, (_, crc) in sorted(sums.items()):
         if _crc(folder / name) != crc:
             raise CorruptFolder(f"checksum mismatch in {name} (a flipped bit or a damaged copy)")
 
