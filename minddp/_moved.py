@@ -29,7 +29,7 @@ MOVED = {
     "train.agree": "train.safety.together", "train.signals": "train.safety.signals",
     "train.guard": "train.safety.guard", "train.faults": "train.safety.faults",
     "train.consistency": "train.safety.consistency", "train.resume_check": "train.resume.check",
-    "train.state": "train.resume.state", "train.tokens": "train.data.tokens",
+    "train.state": "train.checkpoint.state", "train.tokens": "train.data.tokens",
     "train.integrity": ("train.checkpoint.integrity", "train.data.fingerprint"),
     "train.atomic": "train.io.atomic", "train.safe_pickle": "train.io.safe_pickle",
     "train.tracking": "train.metrics.tracking", "train.identity": "train.metrics.identity",

@@ -5,7 +5,7 @@
 The trainer itself (a GPT of about 50M parameters, dp 2, ZeRO-1 on by default) runs steps; in
 each round every variant saves once after a step, in rotated order, so the ratios come from one
 run on one machine state:
-  file          minddp's train.ckpt_format=file (resume/state.save): ZeRO-1 state all-gathered
+  file          minddp's train.ckpt_format=file (checkpoint/manager.py's save): ZeRO-1 state all-gathered
                 onto every rank, rank 0 writes one torch.save while the others wait
   folder        minddp's train.ckpt_format=dcp: each rank writes what it holds through
                 torch.distributed.checkpoint (its ZeRO-1 parts; the replicated model split
@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
 
+from minddp.train.checkpoint import FILE, FOLDER
 from minddp.train.config import register
-from minddp.train.resume import state
 from minddp.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +83,13 @@ def dcp_state(trainer) -> dict:
 def save(variant: str, trainer, step: int, folder: Path, group):
     """One checkpoint; returns minddp's save in progress for folder-async (committed after the
     next step)."""
-    if variant != "dcp":
-        saved = state.save(folder, step, model=trainer.model, opt=trainer.opt, sched=trainer.sched,
-                          batches=trainer.batches, mesh=trainer.mesh, device=trainer.info.device,
-                          saved_with={"config": trainer.run_config(), "data": trainer.data_info.as_dict()},
-                          folder=variant != "file", background=variant == "folder-async",
-                          log=lambda msg: None)
-        return saved if variant == "folder-async" else None  # the others are committed already
+    if variant != "dcp":  # what the trainer's CheckpointManager.save writes, without its retention
+        manager = trainer.checkpoints
+        everything = {**manager.state.state_dict(step, variant != "file"), **manager.identity}
+        if variant == "folder-async":
+            return FOLDER.save_in_background(folder, step, everything)
+        (FILE if variant == "file" else FOLDER).save(folder, step, everything)
+        return None  # committed already
     trainer.opt.wait_params()
     dcp.save(dcp_state(trainer), checkpoint_id=str(folder / f"dcp_{step:08d}"), process_group=group)
     return None
@@ -138,7 +138,7 @@ def bench(args) -> dict:
                 t1 = time.perf_counter()
                 trainer.train_step(step)  # overlaps folder-async's write
                 if pending is not None:
-                    state.commit(pending, log=lambda msg: None)
+                    pending.commit()
                 after = time.perf_counter() - t1
             dist.barrier()
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

@@ -6,7 +6,7 @@ For each layout (dp 2 and dp 4, ZeRO-1 and plain; tp 2 x dp 2 with ZeRO-1) the t
 runs twice under torchrun, as a user would: 2 steps with a folder checkpoint at step 2, then
 `train.resume=auto` for one step more, each a fresh process. Each rank reports its peak RSS
 (ru_maxrss) and, in the resumed run, the bytes of stored items DCP read into its tensors (the
-trainer's resume_bytes_read: checked by sharded.CheckedReader) and every byte it read while
+trainer.checkpoints.bytes_read: checked by sharded.CheckedReader) and every byte it read while
 setting up (/proc/self/io rchar: state.pt, .metadata, the items). The table sets them against
 the checkpoint's size over the world plus what every rank holds whole (the model; with plain
 DDP the optimizer state too; state.pt and .metadata): the targets are the busiest rank's
@@ -63,7 +63,7 @@ def worker(args) -> None:
     trainer.fit()
     rank = int(os.environ["RANK"])
     out = {"rank": rank, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "items_read": trainer.resume_bytes_read, "read_in_setup": read_in_setup,
+           "items_read": trainer.checkpoints.bytes_read, "read_in_setup": read_in_setup,
            "params": trainer.num_params}
     Path(args.report, f"{args.phase}-{rank}.json").write_text(json.dumps(out))
 

@@ -87,9 +87,14 @@ class RunsCode:
         return (os.system, (f"touch {RunsCode.marker}",))
 
 
-# a checkpoint's contents at their smallest: what checkpoint.save/load need, nothing trained
+# a checkpoint's contents at their smallest: what save_file/checkpoint.load need, nothing trained
 TINY_STATE = {"model": {"w": torch.ones(3)}, "optimizer": {"state": {}, "param_groups": [{"params": [0]}]},
               "scheduler": {"last_epoch": 0}, "rng": [{"cpu": torch.get_rng_state()}]}
+
+
+def save_file(run_dir, step, state):
+    """One process writes `state` as the checkpoint file of `step` (no collective)."""
+    return checkpoint.FILE.write(checkpoint.FILE.path(run_dir, step), state)
 
 
 def write_folder(final, state):
@@ -137,7 +142,7 @@ def corrupt(path, kind):
         else:
             outer, _, inner = kind.partition(".")
             (state[outer] if inner else state).pop(inner or outer)
-        checkpoint.save(path.parent.parent, state["step"], state)
+        save_file(path.parent.parent, state["step"], state)
 
 
 def md_rows(text: str) -> list[dict]:

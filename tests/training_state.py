@@ -1,6 +1,6 @@
 """A tiny model trained by the trainer's own pieces (optimizer, schedule, batches) without a
 Trainer, and what a rank ended with: shared by the tests of saving and loading the training
-state (tests/dist/test_train_helpers.py, tests/e2e/test_dcp_checkpoints.py)."""
+state (tests/dist/test_train_helpers.py, tests/e2e/test_dcp_checkpoints.py, ...)."""
 
 from types import SimpleNamespace
 
@@ -8,6 +8,8 @@ import torch
 
 from minddp.engine.ddp import DistributedDataParallel
 from minddp.train.build import build_optimizer, lr_factor
+from minddp.train.checkpoint import FILE, FOLDER
+from minddp.train.checkpoint.state import RunState
 
 CPU = torch.device("cpu")
 
@@ -39,3 +41,15 @@ def outcome(fn):
         return "ok", fn()
     except Exception as e:  # noqa: BLE001 - the test compares every rank's
         return type(e).__name__, str(e)
+
+
+def save_state(run_dir, step, *, model, opt, sched, batches, mesh, device=CPU, saved_with=None, folder=False,
+               background=False, **_):
+    """What CheckpointManager.save writes for a run (its RunState's state dict and identity), without
+    a manager: a file, a folder, or a folder's BackgroundSave (to commit)."""
+    pieces = RunState(model, opt, sched, batches, mesh, device)
+    everything = {**pieces.state_dict(step, folder), **(saved_with or {})}
+    if background:
+        return FOLDER.save_in_background(run_dir, step, everything)
+    return (FOLDER if folder else FILE).save(run_dir, step, everything)
+

@@ -34,9 +34,9 @@ from ..errors import ConfigError
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
-from . import checkpoint, init_from
 from .build import build_model, build_optimizer, compile_model, lr_factor
 from .checkpoint.manager import CheckpointManager
+from .checkpoint.state import RunState
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
@@ -47,8 +47,6 @@ from .metrics import identity as ident_
 from .metrics.probe import StepProbe
 from .metrics.straggler import spread
 from .metrics.tracking import NullTracker, Tracker
-from .resume import check as resume_check
-from .resume import state
 from .resume.command import resume_command
 from .safety import consistency
 from .safety.faults import Faults
@@ -74,6 +72,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
+        """Each object once, in the order it depends on: settings, process group, mesh, data, model,
+        wrapper, optimizer and schedule, the checkpoints (which resume into them), what measures
+        and reports the run, the stop signal."""
         cfg, t = self.cfg, self.t
         detail = cfg.ddp.debug or flight_recorder.env_detail()
         derived, refused = None, None
@@ -102,46 +103,37 @@ class Trainer:
         self.ddp = self._wrap(self.model)
         self.opt = build_optimizer(self.model, cfg.optim, info.device, self.ddp, mesh.tp_group, mesh.tp_size)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt.optim, self.lr_factor)
-        # the checkpoint goes into the objects it restores: a folder's tensors are read in place,
-        # each rank its own part (_load_in_place); a file's whole state by load_model and _restore
-        fits = checkpoint.shape_check(cfg.model, build_model, self.vocab_size)  # else corrupt: the previous
-        self.resume_bytes_read, resume_notes = 0, []
-
-        def check(path, saved) -> None:  # a changed config is refused before anything is read
-            resume_notes[:] = resume_check.check_saved(saved, self.run_config(), self.data_info.as_dict(),
-                                                       t.resume_force, path, self.global_batch)
-        self.ckpt_path, ckpt_state = checkpoint.resolve_agreed(self.run_dir, t.resume, info.device, fits,
-                                                               into=self._load_in_place, check=check)
-        state.load_model(self.model, ckpt_state, mesh, self.ckpt_path)
-        self._init_from(ckpt_state)
-        self.start, self.guard = self._restore(ckpt_state)
-        self._setup_throughput()
+        self.faults = Faults(t, info.rank)
+        # the checkpoint goes into the objects it restores (a folder's tensors in place, each
+        # rank its own part); a fresh run with model.init_from takes that folder's weights
+        self.checkpoints = CheckpointManager(
+            self.run_dir, t, RunState(self.model, self.opt, self.sched, self.batches, mesh, info.device,
+                                      self.lr_factor),
+            identity={"config": self.run_config(), "data": self.data_info.as_dict()}, model_cfg=cfg.model,
+            vocab_size=self.vocab_size, global_batch=self.global_batch, pause=self.faults.pause)
+        self.start = self.checkpoints.load()
+        self.skipped = self.checkpoints.skipped_steps  # the run's count, across resumes
+        self.guard = SkipGuard(t.max_skipped_steps, cfg.optim.lr, info.device, self.start,
+                               self.checkpoints.path)
+        self.tokens_per_step = self.global_batch * cfg.model.block_size  # weak scaling: grows with dp
+        self.num_params = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
+                              for p in self.model.parameters())  # the whole model's, over tp
+        self.flops_per_token = flops.flops_per_token(cfg.model, self.num_params)
+        self.bf16 = flops.autocast_bf16(t.bf16, info.device)
+        self.job_peak_tflops = self._job_peak_tflops()
         self.tracker = self._make_tracker()
-        for note in resume_notes:  # what changed since the checkpoint, in the start-up output
+        for note in self.checkpoints.notes:  # what changed since the checkpoint, in the start-up output
             self.tracker.info(note)
+        self.tracker.info(self.checkpoints.describe())
         self._window: list[StepResult] = []  # the steps since the last metrics row
         self._spread = {}  # the slowest rank, per check_every
-        self.skipped = (ckpt_state or {}).get("skipped_steps", 0)  # the run's count, across resumes
-        self.faults = Faults(t, info.rank)
         self.probe = StepProbe(self.ddp, self.faults, info.device, trace_step=t.trace_step,
                                run_dir=self.run_dir, overlap=cfg.ddp.overlap, rank=info.rank,
                                world=info.world_size)
         self.peak_rss_mb = 0.0  # every rank's peak, from the last step's agreement
-        self.checkpoints = CheckpointManager(self.run_dir, t, info.device.type, self.tracker.info,
-                                             self.faults.pause, resumed_at=self.start)
-        final = "" if t.ckpt_final else "; none at max_steps unless ckpt_every is due (ckpt_final=false)"
-        self.tracker.info(self.checkpoints.describe() + final)
         dump = lambda: flight_recorder.dump(self.run_dir, f"signal {self.stop.name}")  # noqa: E731
         self.stop = StopRequest(on_signal=dump)
         self._arm_timeout()
-
-    def _init_from(self, ckpt_state) -> None:
-        """model.init_from: a fresh run starts from its weights, a resumed one from its checkpoint."""
-        folder = self.cfg.model.get("init_from")
-        if folder and ckpt_state is None:
-            init_from.load_agreed(self.model, self.cfg.model, self.vocab_size, self.mesh)
-        elif folder:
-            log.info(f"model.init_from={folder} not read: resumed from {self.ckpt_path}")
 
     def lr_factor(self, step: int) -> float:
         return lr_factor(step, self.cfg.optim, self.t.max_steps)
@@ -170,18 +162,13 @@ class Trainer:
             strict_bucket_cap=d.strict_bucket_cap, shard_optimizer=d.shard_optimizer,
             optimizer_overlap=d.optimizer_overlap)
 
-    def _setup_throughput(self) -> None:
-        """Tokens per step, FLOPs per token and the device peak, for tokens/s, TFLOP/s and MFU."""
-        t, mesh = self.t, self.mesh
-        self.tokens_per_step = self.global_batch * self.cfg.model.block_size  # weak scaling: grows with dp
-        self.num_params = full = sum(p.numel() * (mesh.tp_size if hasattr(p, "tp_shard") else 1)
-                                     for p in self.model.parameters())
-        self.flops_per_token = flops.flops_per_token(self.cfg.model, full)
-        self.bf16 = flops.autocast_bf16(t.bf16, self.info.device)
-        peak, self.peak_source = flops.peak_tflops(self.info.device, t.peak_tflops)
+    def _job_peak_tflops(self) -> float | None:
+        """The job's peak for MFU: the sum over processes (each measured its own); None where a
+        rank has none."""
+        peak, _ = flops.peak_tflops(self.info.device, self.t.peak_tflops)
         peaks = torch.tensor([peak], dtype=torch.float64, device=self.info.device)
-        dist.all_reduce(peaks)  # the job's peak: the sum over processes (each measured its own)
-        self.job_peak_tflops = peaks.item() if peaks.item() > 0 else None  # NaN: a rank without a peak
+        dist.all_reduce(peaks)
+        return peaks.item() if peaks.item() > 0 else None  # NaN: a rank without a peak
 
     def _make_tracker(self):
         cfg, info, t = self.cfg, self.info, self.t
@@ -204,7 +191,7 @@ class Trainer:
             f"optimizer overlap {onoff(self.ddp.optimizer_overlap)}, "
             f"{flops.peak_phrase(self.job_peak_tflops)}\n"
             f"  {self.data_info.summary()}; run dir {self.run_dir}"
-            + (f"; resumed from {self.ckpt_path} at step {self.start}" if self.start else ""))
+            + (f"; resumed from {self.checkpoints.path} at step {self.start}" if self.start else ""))
         return tracker
 
     def _arm_timeout(self) -> None:
@@ -262,27 +249,15 @@ class Trainer:
             raise FloatingPointError(f"non-finite loss or gradient at step {step} on some rank "
                                      "(train.on_nonfinite=stop); the last checkpoint is intact")
         self.guard.after_step(step, result.skipped, self.model, self.opt)
-        due = bool(t.ckpt_every) and step % t.ckpt_every == 0  # a due save at the end: in the foreground
-        self.save_if_due(step, last=stopping or (step == t.max_steps and (t.ckpt_final or due)))
+        # a due save at the end, or train.ckpt_final's, is the run's last: in the foreground
+        due = bool(t.ckpt_every) and step % t.ckpt_every == 0
+        self.checkpoints.save(step, last=stopping or (step == t.max_steps and (t.ckpt_final or due)),
+                              skipped_steps=self.skipped, nonfinite_streak=self.guard.in_a_row)
         if stopping:
             why = "a stop signal" if result.stop_requested else "train.stop_at_step"
             self.tracker.info(f"stopping after step {step} ({why}); resume with:\n  "
                               + resume_command(self.run_dir))
         return stopping
-
-    def save_if_due(self, step: int, last: bool) -> None:
-        """Commit the save written beside this step, save if one is due, apply retention
-        (checkpoint/manager.py); the run's last save is in the foreground."""
-        self.checkpoints.after_step(step, last, self._write_checkpoint, healthy=self.guard.in_a_row == 0)
-
-    def _write_checkpoint(self, step: int, background: bool):
-        return state.save(
-            self.run_dir, step, model=self.model, opt=self.opt, sched=self.sched, batches=self.batches,
-            mesh=self.mesh, device=self.info.device, folder=self.checkpoints.fmt.name == "dcp",
-            background=background, timeout_s=self.t.timeout_s,
-            pause=lambda: self.faults.pause("checkpoint_write", step),
-            saved_with={"config": self.run_config(), "data": self.data_info.as_dict(),
-                        "skipped_steps": self.skipped, "nonfinite_streak": self.guard.in_a_row})
 
     def train_step(self, step: int) -> StepResult:
         """Micro-steps (the gradients reduced on the last), clip, agree, step, zero_grad. The
@@ -360,31 +335,6 @@ class Trainer:
                **self._spread}
         self._spread = {}
         self.tracker.log({k: v for k, v in row.items() if v is not None})
-
-    # ------------------------------------------------------------ checkpoints
-    def _load_in_place(self, path, saved) -> None:
-        """A folder checkpoint's tensors into this rank's model and optimizer, its parts only."""
-        self.resume_bytes_read = state.load_in_place(path, saved, model=self.model, opt=self.opt,
-                                                     mesh=self.mesh)
-
-    def _restore(self, saved) -> tuple[int, SkipGuard]:
-        """Optimizer, schedule and RNG of a loaded checkpoint: (its step, 0 for a fresh run; a
-        guard that can name it)."""
-        start = state.load_training_state(saved, opt=self.opt, sched=self.sched, mesh=self.mesh,
-                                          lr_factor=self.lr_factor, rank=self.info.rank,
-                                          device=self.info.device)
-        return start, SkipGuard(self.t.max_skipped_steps, self.cfg.optim.lr, self.info.device, start,
-                                self.ckpt_path)
-
-    def load(self, path) -> int:
-        """Load a checkpoint into this set-up trainer (written at any dp/tp layout, sharded or
-        not): model, optimizer, schedule and RNG. Every rank calls it; returns its step."""
-        saved = checkpoint.load(path, self.info.device)
-        self.ckpt_path = Path(path)
-        self.opt.wait_params()
-        state.load_model(self.model, saved, self.mesh, self.ckpt_path)
-        self.start, self.guard = self._restore(saved)
-        return self.start
 
 
 def write_run_info(run_dir: str, info: dict) -> None:

@@ -11,10 +11,10 @@ from minddp.parallel.mesh import Mesh
 from minddp.train import checkpoint
 from minddp.train.checkpoint import resolve_agreed
 from minddp.train.checkpoint.dcp_reader import SafeReader
+from minddp.train.checkpoint.state import RunState
 from minddp.train.data import ArithmeticSequences, ShardedBatches
-from minddp.train.resume import state
 from tests import launch
-from tests.training_state import CPU, setup, train
+from tests.training_state import CPU, save_state, setup, train
 
 
 def _stopped_and_resumed(rank, world, run_dir, shard, save_world):
@@ -25,18 +25,17 @@ def _stopped_and_resumed(rank, world, run_dir, shard, save_world):
     model, ddp, opt, sched, factor = setup(0, shard=shard)
     train(model, ddp, opt, sched, batches, (1, 2, 3))
     if world == save_world:
-        state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+        save_state(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
                    saved_with={}, folder=True)
     dist.barrier()
     train(model, ddp, opt, sched, batches, (4, 5))
     want = {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()
 
     model2, ddp2, opt2, sched2, _ = setup(1, shard=shard)  # another start: everything must come back
-    read = []
-    path, saved = resolve_agreed(run_dir, "auto", CPU, into=lambda p, s: read.append(
-        state.load_in_place(p, s, model=model2, opt=opt2, mesh=mesh)))
-    start = state.load_training_state(saved, opt=opt2, sched=sched2, lr_factor=factor, mesh=mesh,
-                                      rank=rank, device=CPU)
+    read, pieces = [], RunState(model2, opt2, sched2, batches, mesh, CPU, factor)
+    path, saved = resolve_agreed(run_dir, "auto", CPU,
+                                 into=lambda p, s: read.append(pieces.read_in_place(p, s)))
+    start = pieces.load_state_dict(saved, path)
     train(model2, ddp2, opt2, sched2, batches, range(start + 1, 6))
     got = model2.state_dict(), opt2.state_dict()
     for k, v in want[0].items():
@@ -66,7 +65,7 @@ def _saved(rank, world, run_dir):
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
     model, ddp, opt, sched, _ = setup(0, shard=True)
     train(model, ddp, opt, sched, batches, (1, 2, 3))
-    state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+    save_state(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
                saved_with={}, folder=True)
 
 
@@ -77,15 +76,13 @@ def _in_place_against_whole(rank, world, run_dir):
     runs = []
     for seed, whole in ((1, False), (2, True)):
         model, ddp, opt, sched, factor = setup(seed, shard=True)
+        pieces = RunState(model, opt, sched, batches, mesh, CPU, factor)
         if whole:
             path = checkpoint.latest(run_dir)
             saved = checkpoint.load(path, CPU)
-            state.load_model(model, saved, mesh, path)
         else:
-            path, saved = resolve_agreed(run_dir, "auto", CPU, into=lambda p, s, m=model, o=opt: (
-                state.load_in_place(p, s, model=m, opt=o, mesh=mesh)))
-        start = state.load_training_state(saved, opt=opt, sched=sched, lr_factor=factor, mesh=mesh,
-                                          rank=rank, device=CPU)
+            path, saved = resolve_agreed(run_dir, "auto", CPU, into=pieces.read_in_place)
+        start = pieces.load_state_dict(saved, path)
         train(model, ddp, opt, sched, batches, (start + 1, start + 2))
         runs.append((model.state_dict(), opt.state_dict()))
     (m1, o1), (m2, o2) = runs

@@ -6,14 +6,14 @@ import errno
 import logging
 
 import pytest
+import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from minddp.train import checkpoint
 from minddp.train.checkpoint import CheckpointError, store
-from minddp.train.checkpoint.formats import STREAK
 from minddp.train.checkpoint.manager import CheckpointManager
-from tests.files import TINY_STATE, corrupt
+from tests.files import TINY_STATE, corrupt, save_file
 
 
 def _names(run):
@@ -21,37 +21,50 @@ def _names(run):
 
 
 def _files(run, steps):
-    return [checkpoint.save(run, s, {**TINY_STATE, "step": s}) for s in steps]
+    return [save_file(run, s, {**TINY_STATE, "step": s}) for s in steps]
+
+
+class Tiny:
+    """A RunState that saves TINY_STATE and loads nothing: the manager's Stateful piece, planted."""
+    device = torch.device("cpu")
+
+    def state_dict(self, step, folder):
+        return {**TINY_STATE, "step": step}
+
+    def read_in_place(self, path, saved):
+        return 0
+
+    def load_state_dict(self, saved, path):
+        return saved["step"] if saved else 0
+
+
+def _manager(tmp_path, keep=3, every=None, ckpt_every=2):
+    t = OmegaConf.create({"ckpt_every": ckpt_every, "ckpt_format": "file", "ckpt_async": "auto",
+                          "ckpt_keep": keep, "ckpt_keep_every": every, "timeout_s": 30, "resume": "auto",
+                          "resume_force": False})
+    return CheckpointManager(tmp_path, t, Tiny())
 
 
 def test_retention_that_fails_in_any_way_is_one_warning_on_rank_0_and_the_run_goes_on(tmp_path, monkeypatch,
                                                                                      caplog):
     """Rank 0 applies retention alone, after the last collective: anything it raised (a MemoryError
     while listing, ESTALE) would leave its peers waiting in the next step's collective."""
-    paths = _files(tmp_path, range(1, 4))
-    t = OmegaConf.create({"ckpt_every": 1, "ckpt_format": "file", "ckpt_async": "auto", "ckpt_keep": 1,
-                          "ckpt_keep_every": None, "timeout_s": 30})
+    _files(tmp_path, range(1, 3))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        manager = CheckpointManager(tmp_path, t, "cpu", say=lambda line: None)
+        manager = _manager(tmp_path, keep=1, ckpt_every=1)
 
         def exhausted(run_dir):
             raise MemoryError("listing")
 
         monkeypatch.setattr(store, "all_checkpoints", exhausted)
         with caplog.at_level(logging.WARNING, logger="minddp"):
-            manager.after_step(3, False, lambda step, background: paths[-1])
+            manager.save(3)
     finally:
         dist.destroy_process_group()
     monkeypatch.undo()
     assert "retention: nothing deleted after ckpt_00000003.pt (MemoryError: listing)" in caplog.text
     assert _names(tmp_path) == ["ckpt_00000003.pt", "ckpt_00000002.pt", "ckpt_00000001.pt"]
-
-
-def _manager(tmp_path, keep=3, every=None, **kwargs):
-    t = OmegaConf.create({"ckpt_every": 2, "ckpt_format": "file", "ckpt_async": "auto", "ckpt_keep": keep,
-                          "ckpt_keep_every": every, "timeout_s": 30})
-    return CheckpointManager(tmp_path, t, "cpu", say=lambda line: None, **kwargs)
 
 
 @pytest.fixture
@@ -66,18 +79,16 @@ def test_saves_during_a_non_finite_streak_never_count_and_the_way_back_stays(tmp
     skipped; retention removed 4..10 and the guard's advice (resume from an earlier checkpoint)
     became impossible. The streak's saves take no slot: 10, 8 and 6 stay."""
     healthy = _files(tmp_path, range(2, 11, 2))
-    manager = _manager(tmp_path, resumed_at=10)
-
-    def diverged(step, background):  # what the trainer saves: the guard's count in the state
-        return checkpoint.save(tmp_path, step, {**TINY_STATE, "step": step, STREAK: step - 11})
-
-    for step in range(12, 21, 2):
-        manager.after_step(step, False, diverged, healthy=False)
+    manager = _manager(tmp_path)
+    assert manager.load() == 10
+    for step in range(12, 21, 2):  # the guard's count in the state
+        manager.save(step, nonfinite_streak=step - 11)
     assert _names(tmp_path) == [f"ckpt_{s:08d}.pt" for s in (20, 18, 16, 10, 8, 6)]
     assert checkpoint.load(healthy[-1], "cpu")["step"] == 10
     # a later run (resumed from 20) reads which ones were a streak's from their small state
-    manager = _manager(tmp_path, resumed_at=20)
-    manager.after_step(22, False, diverged, healthy=False)
+    manager = _manager(tmp_path)
+    assert manager.load() == 20
+    manager.save(22, nonfinite_streak=11)
     assert _names(tmp_path) == [f"ckpt_{s:08d}.pt" for s in (22, 20, 18, 10, 8, 6)]
 
 
@@ -85,8 +96,9 @@ def test_a_checkpoint_the_resume_skipped_as_corrupt_takes_no_slot(tmp_path, grou
     """Issue 56.11: resumed at 6 past a corrupt 8, the save at 9 kept 9, 8 and 6: two usable."""
     paths = _files(tmp_path, [2, 4, 6, 8])
     corrupt(paths[-1], "truncated:5000")  # still reads its pickle: only the resume's choice knows
-    manager = _manager(tmp_path, resumed_at=6)
-    manager.after_step(9, True, lambda s, background: _files(tmp_path, [s])[0])
+    manager = _manager(tmp_path)
+    assert manager.load() == 6  # past the corrupt 8
+    manager.save(9, last=True)
     kept = ["ckpt_00000009.pt", "ckpt_00000008.pt", "ckpt_00000006.pt", "ckpt_00000004.pt"]
     assert _names(tmp_path) == kept
 

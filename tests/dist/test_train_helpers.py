@@ -14,12 +14,12 @@ from minddp.parallel.mesh import Mesh
 from minddp.train.build import lr_factor
 from minddp.train.checkpoint import CheckpointError, CheckpointReadError
 from minddp.train.checkpoint import load as load_checkpoint
+from minddp.train.checkpoint.state import RunState
 from minddp.train.data import ArithmeticSequences, ShardedBatches
-from minddp.train.resume import state
 from minddp.train.safety.guard import DivergedError, SkipGuard
 from minddp.train.safety.together import together
 from tests import launch
-from tests.training_state import CPU, outcome, setup, train
+from tests.training_state import CPU, outcome, save_state, setup, train
 
 
 # ------------------------------------------------------------------ fail together
@@ -67,15 +67,14 @@ def _save_then_load(rank, world, run_dir, folder, shard):
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
     model, ddp, opt, sched, factor = setup(0, shard=shard)
     train(model, ddp, opt, sched, batches, (1, 2, 3))
-    state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+    save_state(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
                saved_with={"config": {"note": "mine"}}, folder=folder, log=lambda line: None)
     train(model, ddp, opt, sched, batches, (4,))
     after = {k: v.clone() for k, v in model.state_dict().items()}
     saved = load_checkpoint(f"{run_dir}/checkpoints/ckpt_00000003{'' if folder else '.pt'}", "cpu")
     model2, ddp2, opt2, sched2, factor2 = setup(1, shard=shard)  # other weights, a fresh schedule
-    state.load_model(model2, saved, mesh, "ckpt_00000003.pt")
-    start = state.load_training_state(saved, opt=opt2, sched=sched2, lr_factor=factor2, mesh=mesh,
-                                      rank=rank, device=CPU)
+    pieces = RunState(model2, opt2, sched2, batches, mesh, CPU, factor2)
+    start = pieces.load_state_dict(saved, "ckpt_00000003.pt")
     lr = opt2.optim.param_groups[0]["lr"]
     train(model2, ddp2, opt2, sched2, batches, (4,))
     return start, saved["samples_seen"], saved["config"], lr, after, model2.state_dict()
@@ -103,7 +102,7 @@ def _save_fails_on_rank_0(rank, world, run_dir, folder):
     mesh = Mesh.create(world, 1, "cpu")
     batches = ShardedBatches(ArithmeticSequences(64, 8, 16), mesh.dp_size, mesh.dp_rank, 2, 1, 0, CPU)
     model, ddp, opt, sched, _ = setup(0)
-    return outcome(lambda: state.save(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
+    return outcome(lambda: save_state(run_dir, 3, model=model, opt=opt, sched=sched, batches=batches,
                                        mesh=mesh, device=CPU, saved_with={}, folder=folder))
 
 
@@ -164,7 +163,7 @@ def _background_save_whose_staging_fails_on_rank_1(rank, world, run_dir):
         def no_memory(tensors):
             raise MemoryError("host out of memory")
         folders.stage = no_memory
-    return outcome(lambda: state.save(run_dir, 1, model=model, opt=opt, sched=sched, batches=batches,
+    return outcome(lambda: save_state(run_dir, 1, model=model, opt=opt, sched=sched, batches=batches,
                                       mesh=mesh, device=CPU, saved_with={}, folder=True, background=True))
 
 

@@ -40,10 +40,9 @@ def test_a_broken_folder_exits_2_on_every_rank_without_a_traceback(tmp_path):
 
 def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch, caplog, in_process_trainer):
     """In process: llm.c GPT-2 shards, no model.vocab_size, a relative data.dir."""
-    import torch
 
+    from minddp.train import checkpoint
     from minddp.train import trainer as trainer_mod
-    from minddp.train.resume import state
 
     llmc_folder(tmp_path / "shards", n=400)
     monkeypatch.chdir(tmp_path)
@@ -61,8 +60,7 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
                            "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=2", run_dir=run)
     with caplog.at_level(logging.INFO, logger="minddp"):
         t.setup()
-        state.save(run, 0, model=t.model, opt=t.opt, sched=t.sched, batches=t.batches, mesh=t.mesh,
-                   device=t.info.device, saved_with={"config": t.run_config(), "data": t.data_info.as_dict()})
+        t.checkpoints.save(0, last=True)  # what a save holds: the run's config as it ran
     folder = str(tmp_path / "shards")
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["model"]["vocab_size"] == 50_257 and info["config"]["data"]["dir"] == folder
@@ -71,7 +69,7 @@ def test_the_run_records_the_vocabulary_and_format_it_used(tmp_path, monkeypatch
     assert info["data"]["files"] == {"train": 2, "val": 1}
     assert seen["wandb_config"]["data_info"]["vocab_size"] == 50_257
     assert seen["wandb_config"]["model"]["vocab_size"] == 50_257
-    saved = torch.load(run / "checkpoints" / "ckpt_00000000.pt", weights_only=True)["config"]
+    saved = checkpoint.load(checkpoint.latest(run), "cpu")["config"]
     assert saved["model"]["vocab_size"] == 50_257 and saved["data"]["dir"] == folder
     startup = next(r.getMessage() for r in caplog.records if "parameters, world" in r.getMessage())
     assert info["data"]["dtype"] == "uint16"

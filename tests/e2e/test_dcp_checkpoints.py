@@ -13,12 +13,11 @@ import torch
 from minddp.parallel.mesh import Mesh
 from minddp.train import checkpoint
 from minddp.train.data import ArithmeticSequences, ShardedBatches
-from minddp.train.resume import state
 from tests import launch
 from tests.conftest import SMALL, assert_same_curves, final_model, metrics
 from tests.files import small_disk
 from tests.launch import run_train
-from tests.training_state import CPU, outcome, setup, train
+from tests.training_state import CPU, outcome, save_state, setup, train
 
 ARGS = [*SMALL, "train.max_steps=6", "train.ckpt_every=3", "train.eval_every=0"]
 DCP = "train.ckpt_format=dcp"  # the default: named where a test is about it
@@ -199,7 +198,7 @@ def _save_on_a_disk_that_fills_up(rank, world, run_dir, small_state_fits):
     train(model, ddp, opt, sched, batches, (1,))
 
     def save(step):
-        state.save(run_dir, step, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
+        save_state(run_dir, step, model=model, opt=opt, sched=sched, batches=batches, mesh=mesh, device=CPU,
                    saved_with={}, folder=True, log=lambda line: None)
 
     save(1)

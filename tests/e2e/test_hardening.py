@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from minddp.train.config import register
-from minddp.train.resume import state
 from tests import launch
 from tests.conftest import SMALL, final_model, metrics
 from tests.launch import run_train, train_until_sigterm
@@ -86,20 +85,20 @@ def test_soak_1000_steps_with_sigterm_and_resume_equals_uninterrupted(tmp_path):
 
 
 def test_trainer_api_in_process_save_and_load_round_trip(tmp_path, in_process_trainer):
-    """The loop's pieces as a library: setup, train_step, state.save, load (one process, no torchrun)."""
+    """The loop's pieces as a library: setup, train_step, the checkpoint manager's save and load (one
+    process, no torchrun): the loaded state gives the same step 4 again."""
     trainer = in_process_trainer(
         "data=synthetic", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16",
         "train.global_batch_size=8", "train.micro_batch_size=4", "train.eval_every=0", "train.max_steps=100",
         "optim.warmup_steps=1", run_dir=tmp_path)
     trainer.setup()
     losses = [trainer.train_step(step).loss for step in (1, 2, 3)]
-    t = trainer
-    state.save(tmp_path, 3, model=t.model, opt=t.opt, sched=t.sched, batches=t.batches, mesh=t.mesh,
-               device=t.info.device, saved_with={"config": t.run_config()})
+    trainer.checkpoints.save(3, last=True)  # in the foreground, committed when it returns
     saved = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     after = trainer.train_step(4).loss
     assert any(not torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())
-    assert trainer.load(tmp_path / "checkpoints" / "ckpt_00000003.pt") == 3
+    trainer.t.resume = "auto"  # what a resumed run's setup reads: this run dir's newest checkpoint
+    assert trainer.checkpoints.load() == 3 and trainer.checkpoints.path.name == "ckpt_00000003"
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(saved[k], v), k
     assert trainer.train_step(4).loss == pytest.approx(after, abs=1e-6)  # the same step 4 again

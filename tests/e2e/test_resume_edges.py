@@ -18,6 +18,7 @@ from minddp.train import checkpoint
 from minddp.train.checkpoint import integrity
 from minddp.train.config import register
 from tests.conftest import ROOT, SMALL, metrics
+from tests.files import save_file
 from tests.launch import env_for, run_train, wait_for_step
 
 register()
@@ -82,7 +83,7 @@ def test_nan_weights_in_the_checkpoint_stop_the_resume_naming_it(tmp_path):
     state = torch.load(newest, weights_only=True)
     state.pop(integrity.KEY)
     state["model"] = {k: torch.full_like(v, float("nan")) for k, v in state["model"].items()}
-    checkpoint.save(run_dir, 2, state)  # NaN, with valid checksums: as if saved so
+    save_file(run_dir, 2, state)  # NaN, with valid checksums: as if saved so
     p = run_train(run_dir, *FILES, "train.resume=auto", "train.max_skipped_steps=3", check=False, timeout=120)
     assert p.returncode == 3, (p.returncode, p.stderr[-3000:])
     assert f"the weights are NaN/inf, from the checkpoint this run resumed from, {newest}" in p.stderr

@@ -8,7 +8,7 @@ import torch
 from minddp.train import checkpoint
 from minddp.train.config import register
 from tests.conftest import SMALL, compose_config, metrics
-from tests.files import TINY_STATE, small_disk, snapshot
+from tests.files import TINY_STATE, save_file, small_disk, snapshot
 from tests.launch import run_train
 
 register()
@@ -17,9 +17,9 @@ register()
 @pytest.mark.slow  # it runs mount(8); about a second
 def test_a_real_full_disk_is_a_checkpoint_write_error_and_the_previous_one_stays(tmp_path):
     with small_disk(tmp_path / "small", 4) as mnt:
-        checkpoint.save(mnt, 1, {**TINY_STATE, "step": 1})
+        save_file(mnt, 1, {**TINY_STATE, "step": 1})
         with pytest.raises(checkpoint.CheckpointWriteError, match=r"MiB free in .*small/checkpoints"):
-            checkpoint.save(mnt, 2, {**TINY_STATE, "model": {"w": torch.ones(2**20)}, "step": 2})  # 4 MiB
+            save_file(mnt, 2, {**TINY_STATE, "model": {"w": torch.ones(2**20)}, "step": 2})  # 4 MiB
         assert [q.name for q in (mnt / "checkpoints").iterdir()] == ["ckpt_00000001.pt"]
         assert checkpoint.load(checkpoint.latest(mnt), "cpu")["step"] == 1
 

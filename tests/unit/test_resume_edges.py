@@ -18,7 +18,7 @@ from minddp.train.checkpoint import integrity
 from minddp.train.config import default_run_dir, register
 from minddp.train.io import atomic
 from tests.conftest import SMALL, compose_config
-from tests.files import corrupt
+from tests.files import corrupt, save_file
 
 register()
 
@@ -50,7 +50,7 @@ def cfg():
 @pytest.fixture
 def run(tmp_path, cfg):
     """A run dir with checkpoints at steps 2, 4, 6 (newest last)."""
-    paths = [checkpoint.save(tmp_path, s, _state(cfg, s)) for s in (2, 4, 6)]
+    paths = [save_file(tmp_path, s, _state(cfg, s)) for s in (2, 4, 6)]
     return tmp_path, paths
 
 
@@ -114,7 +114,7 @@ def test_a_corrupt_newest_checkpoint_of_each_kind_falls_back(run, cfg, kind, cap
         path, state = checkpoint.resolve(run_dir, "auto", "cpu", _accept(cfg))
     assert path == paths[1] and state["step"] == 4, kind
     assert f"{paths[-1]}" in caplog.text and "trying the previous checkpoint" in caplog.text
-    checkpoint.save(run_dir, 6, _state(cfg, 6))  # the run then saves step 6 again, whatever was there
+    save_file(run_dir, 6, _state(cfg, 6))  # the run then saves step 6 again, whatever was there
     assert checkpoint.resolve(run_dir, "auto", "cpu", _accept(cfg))[0] == paths[-1]
 
 
@@ -156,7 +156,7 @@ def test_a_missing_resume_file_is_a_configuration_error_naming_it(tmp_path):
 # ------------------------------------------------------------- 5. checksums
 @pytest.mark.slow  # thousands of loads: seconds
 def test_every_bit_flip_is_detected_or_changes_nothing_loaded(tmp_path, cfg):
-    path = checkpoint.save(tmp_path, 2, _state(cfg, 2))
+    path = save_file(tmp_path, 2, _state(cfg, 2))
     data = path.read_bytes()
     want = checkpoint.load(path, "cpu")
     silent, detected = [], 0
@@ -178,7 +178,7 @@ def test_every_bit_flip_is_detected_or_changes_nothing_loaded(tmp_path, cfg):
 def test_a_flipped_bit_in_a_tensor_is_named(tmp_path):
     state = {"model": {"w": torch.ones(1000)}, "optimizer": {"state": {}, "param_groups": []},
              "scheduler": {"last_epoch": 0}, "step": 1, "rng": [torch.get_rng_state()]}
-    path = checkpoint.save(tmp_path, 1, state)
+    path = save_file(tmp_path, 1, state)
     data = bytearray(path.read_bytes())
     at = data.find(torch.ones(1000).numpy().tobytes())
     data[at + 2001] ^= 0x10
@@ -192,7 +192,7 @@ def test_a_flipped_bit_in_a_tensor_is_named(tmp_path):
 def test_written_files_follow_the_umask(tmp_path, mask, mode):
     old = os.umask(mask)
     try:
-        ckpt = checkpoint.save(tmp_path, 1, {"step": 1})
+        ckpt = save_file(tmp_path, 1, {"step": 1})
         written = atomic.atomic_write(tmp_path / "run.json", "{}")
     finally:
         os.umask(old)

@@ -16,14 +16,14 @@ from minddp.errors import ConfigError
 from minddp.train import checkpoint
 from minddp.train.config import register, validate
 from tests.conftest import ROOT, compose_config, metrics
-from tests.files import TINY_STATE, snapshot
+from tests.files import TINY_STATE, save_file, snapshot
 
 register()
 
 
 def _run_with_checkpoints(tmp_path, steps=(2, 4, 6)):
     for step in steps:
-        checkpoint.save(tmp_path, step, {**TINY_STATE, "step": step})
+        save_file(tmp_path, step, {**TINY_STATE, "step": step})
     return [checkpoint.checkpoint_dir(tmp_path) / f"ckpt_{s:08d}.pt" for s in steps]
 
 
@@ -153,10 +153,10 @@ def _full_disk_save(error: Exception | str):
 ])
 def test_a_full_disk_names_the_folder_and_free_space_and_keeps_the_previous_one(tmp_path, monkeypatch,
                                                                                  error, said):
-    checkpoint.save(tmp_path, 1, {**TINY_STATE, "step": 1})
+    save_file(tmp_path, 1, {**TINY_STATE, "step": 1})
     monkeypatch.setattr(torch, "save", _full_disk_save(error))
     with pytest.raises(checkpoint.CheckpointWriteError) as e:
-        checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2})
+        save_file(tmp_path, 2, {**TINY_STATE, "step": 2})
     text, d = str(e.value), checkpoint.checkpoint_dir(tmp_path)
     assert f"MiB free in {d}" in text and said in text
     assert "previous checkpoint is intact (ckpt_00000001.pt)" in text
@@ -168,7 +168,7 @@ def test_a_full_disk_names_the_folder_and_free_space_and_keeps_the_previous_one(
 def test_a_runtime_error_that_is_not_the_write_is_not_called_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", _full_disk_save("can't pickle a generator"))
     with pytest.raises(RuntimeError, match="generator") as e:
-        checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2})
+        save_file(tmp_path, 2, {**TINY_STATE, "step": 2})
     assert not isinstance(e.value, checkpoint.CheckpointWriteError)
 
 

@@ -12,7 +12,7 @@ from minddp.train import checkpoint
 from minddp.train.checkpoint import store
 from minddp.train.checkpoint.folders import FOLDER
 from minddp.train.checkpoint.retention import Retention
-from tests.files import TINY_STATE, corrupt, write_folder
+from tests.files import TINY_STATE, corrupt, save_file, write_folder
 
 
 def _names(run):
@@ -20,7 +20,7 @@ def _names(run):
 
 
 def _files(run, steps):
-    return [checkpoint.save(run, s, {**TINY_STATE, "step": s}) for s in steps]
+    return [save_file(run, s, {**TINY_STATE, "step": s}) for s in steps]
 
 
 def _paths(*steps, folder=()):
@@ -210,11 +210,11 @@ def test_a_checkpoint_counts_unless_its_small_state_says_a_streak_or_does_not_re
     from minddp.train.checkpoint.formats import STREAK, saved_healthy
 
     d = checkpoint.checkpoint_dir(tmp_path)
-    old = checkpoint.save(tmp_path, 1, {**TINY_STATE, "step": 1})  # saved before the key existed
-    calm = checkpoint.save(tmp_path, 2, {**TINY_STATE, "step": 2, STREAK: 0})
-    streak = checkpoint.save(tmp_path, 3, {**TINY_STATE, "step": 3, STREAK: 2})
+    old = save_file(tmp_path, 1, {**TINY_STATE, "step": 1})  # saved before the key existed
+    calm = save_file(tmp_path, 2, {**TINY_STATE, "step": 2, STREAK: 0})
+    streak = save_file(tmp_path, 3, {**TINY_STATE, "step": 3, STREAK: 2})
     folder = write_folder(d / "ckpt_00000004", {**TINY_STATE, "step": 4, STREAK: 1})
-    broken = checkpoint.save(tmp_path, 5, {**TINY_STATE, "step": 5})
+    broken = save_file(tmp_path, 5, {**TINY_STATE, "step": 5})
     corrupt(broken, "truncated:100")
     got = [saved_healthy(p) for p in (old, calm, streak, folder, broken)]
     assert got == [True, True, False, False, False]

@@ -12,11 +12,12 @@ and the clients of those objects.
     integrity.py    checksums of everything a checkpoint holds, its required layout, its shapes
     choice.py       which checkpoint a run resumes from (train.resume), agreed by every rank
     retention.py    which checkpoints a run keeps (train.ckpt_keep, train.ckpt_keep_every)
+    state.py        RunState: what a checkpoint holds of the run (model, optimizer, schedule, data
+                    position, RNG) as one Stateful piece, saved and loaded at any dp/tp layout
+    manager.py      CheckpointManager: the one object the trainer calls (load, save, end)
 
 The names of the former minddp/train/checkpoint.py are importable from here.
 """
-
-from pathlib import Path
 
 from .choice import resolve, resolve_agreed, resume_run_dir, shape_check
 from .errors import CheckpointError, CheckpointReadError, CheckpointWriteError, is_transient
@@ -26,13 +27,7 @@ from .formats import FORMATS, background_saves, format_of, load, remove_crash_le
 from .retention import Retention
 from .store import all_checkpoints, checkpoint_dir, disk_bytes, is_checkpoint_folder, latest
 
-
-def save(run_dir, step: int, state: dict) -> Path:
-    """One process writes `state` as a checkpoint file of `run_dir` (the file format's write)."""
-    return FILE.write(FILE.path(run_dir, step), state)
-
-
 __all__ = ["FILE", "FOLDER", "FORMATS", "BackgroundSave", "CheckpointError", "CheckpointReadError",
            "CheckpointWriteError", "Retention", "all_checkpoints", "background_saves", "checkpoint_dir",
            "disk_bytes", "format_of", "is_checkpoint_folder", "is_transient", "latest", "load",
-           "remove_crash_leftovers", "resolve", "resolve_agreed", "resume_run_dir", "save", "shape_check"]
+           "remove_crash_leftovers", "resolve", "resolve_agreed", "resume_run_dir", "shape_check"]

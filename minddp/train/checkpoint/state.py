@@ -1,53 +1,80 @@
-"""What a checkpoint holds of a training run, and how it comes back: model, optimizer, schedule,
-data position and RNG, written at any dp/tp layout (sharded or not) and loadable at any other."""
+"""What a checkpoint holds of a training run, as one Stateful piece (torchtitan's shape:
+`state_dict()` to save, `load_state_dict()` to restore): model, optimizer (replicated or ZeRO-1),
+schedule position, data position and RNG, written at any dp/tp layout (sharded or not) and
+loadable at any other. The run's identity (config, data, counters) is the manager's to add."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ...optim.zero_state import Piece
 from ...parallel import tensor_parallel as tp
-from ..checkpoint import CheckpointError
-from ..checkpoint.dcp_reader import SafeReader
-from ..checkpoint.files import FILE
-from ..checkpoint.folders import FOLDER, BackgroundSave
-from ..checkpoint.sharded import Shards
-from ..metrics import flight_recorder
+from .dcp_reader import SafeReader
+from .errors import CheckpointError
+from .folders import FOLDER
+from .sharded import Shards
 
 
-def save(run_dir, step: int, *, model, opt, sched, batches, mesh, device, saved_with: dict,
-         folder: bool = False, background: bool = False, log=None, pause=None,
-         timeout_s: float = 1800.0) -> Path | BackgroundSave:
-    """Every rank, at the same point: what a checkpoint holds of this run, saved in a format's
-    own way (checkpoint/files.py, folders.py). A file (0.4's format): full tensors gathered over
-    tp (and ZeRO-1's shards over dp), rank 0 writes. A folder (`folder`): each rank writes what it
-    holds, nothing gathered (its tp slices and ZeRO-1 parts placed by their offsets); with
-    `background` the write runs beside the next step and the BackgroundSave is returned, to be
-    committed after it (`commit`). Either way a failed write raises on every rank. Positions are
-    global (samples seen), so any dp can resume. `saved_with`: the run's config and data;
-    `pause`: run before a background write (faults)."""
-    flight_recorder.set_context(phase="checkpoint")
-    opt.wait_params()
-    # a folder: each rank's own tensors, placed in the whole ones (sharded.Shards); a file: whole
-    # tensors (gathered over tp, and a ZeRO-1 state over dp too)
-    if folder:
-        model_state, opt_state = own_model_state(model, mesh), own_optimizer_state(opt, mesh)
-    else:
-        model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
-        opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
-    rng = own_rng(device) if folder else gathered_rng(device)
-    epoch, pos = batches.position(step)
-    everything = {"model": model_state, "optimizer": opt_state, "scheduler": sched.state_dict(),
-                  "step": step, "epoch": epoch, "position_in_epoch": pos,
-                  "samples_seen": batches.samples_seen(step), "rng": rng, **saved_with}
-    if folder and background:
-        return FOLDER.save_in_background(run_dir, step, everything, timeout_s=timeout_s, before_write=pause)
-    path = (FOLDER if folder else FILE).save(run_dir, step, everything)
-    _said_saved(path, log)
-    return path
+@dataclass
+class RunState:
+    """The run's training state. `lr_factor(step)`: this run's schedule (a resume keeps only the
+    saved position, never the old optim.* settings)."""
+    model: torch.nn.Module
+    opt: object
+    sched: object
+    batches: object
+    mesh: object
+    device: torch.device
+    lr_factor: object = None
+
+    def state_dict(self, step: int, folder: bool) -> dict:
+        """Every rank, at the same point. For a folder each rank's own tensors, placed in the whole
+        ones (sharded.Shards: tp slices, ZeRO-1 parts), nothing gathered; for a file whole tensors
+        (gathered over tp, a ZeRO-1 state over dp too), rank 0 writes them. Positions are global
+        (samples seen), so any dp can resume."""
+        model, opt, mesh = self.model, self.opt, self.mesh
+        opt.wait_params()
+        if folder:
+            model_state, opt_state = own_model_state(model, mesh), own_optimizer_state(opt, mesh)
+        else:
+            model_state = tp.full_state_dict(model, mesh.tp_group, mesh.tp_size)
+            opt_state = tp.full_optimizer_state(opt, model, mesh.tp_group, mesh.tp_size)
+        epoch, pos = self.batches.position(step)
+        return {"model": model_state, "optimizer": opt_state, "scheduler": self.sched.state_dict(),
+                "step": step, "epoch": epoch, "position_in_epoch": pos,
+                "samples_seen": self.batches.samples_seen(step),
+                "rng": own_rng(self.device) if folder else gathered_rng(self.device)}
+
+    def read_in_place(self, path, saved) -> int:
+        """Every rank, a collective: a folder's tensors into this rank's model and optimizer, its
+        parts only (`load_in_place`); the bytes read."""
+        return load_in_place(path, saved, model=self.model, opt=self.opt, mesh=self.mesh)
+
+    def load_state_dict(self, saved, path) -> int:
+        """A loaded checkpoint into the model, optimizer, schedule and RNG; its step (0 without
+        one). A state read in place (`read_in_place`) has its tensors already; one loaded whole (a
+        file, a folder of 0.6) holds full tensors, so any layout resumes any other. This run's
+        optim.* settings win over the saved ones."""
+        if not saved:
+            return 0
+        mesh, inner = self.mesh, self.opt.optim
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
+        if not in_place(saved):
+            try:
+                tp.load_full_state_dict(self.model, saved["model"], mesh.tp_size, mesh.tp_rank)
+            except (RuntimeError, KeyError) as e:
+                raise CheckpointError(
+                    f"checkpoint {path} was written by a different model: {str(e).splitlines()[0]} ... "
+                    "Use the model config it was trained with, or train.resume=none") from None
+            tp.load_full_optimizer_state(self.opt, saved["optimizer"], mesh.tp_size, mesh.tp_rank)
+        for group, mine in zip(inner.param_groups, settings):
+            group.update(mine)
+        restore_schedule(self.opt, self.sched, self.lr_factor, saved["scheduler"]["last_epoch"])
+        set_rng_state(saved["rng"][dist.get_rank() % len(saved["rng"])], self.device)
+        return saved["step"]
 
 
 def gathered_rng(device) -> list:
@@ -204,47 +231,6 @@ def _optimizer_targets(opt, saved: dict, mesh, targets: dict, path=None):
                 new[key] = v
         sd_state[pos] = new
     return {"state": sd_state, "param_groups": saved["param_groups"]}, opt.load_state_dict
-
-
-def commit(saving: BackgroundSave, log=None) -> Path:
-    """Every rank: a background save committed (checksums read back, rank 0's rename)."""
-    path = saving.commit()
-    _said_saved(path, log)
-    return path
-
-
-def _said_saved(path: Path, log) -> None:
-    if log is not None and dist.get_rank() == 0:
-        log(f"saved {path}")
-
-
-def load_model(model, saved, mesh, path) -> None:
-    """The weights of a loaded checkpoint `saved` (read from `path`) into this rank's model."""
-    if not saved or in_place(saved):  # whole tensors (any layout resumes any other); or read in place
-        return
-    try:
-        tp.load_full_state_dict(model, saved["model"], mesh.tp_size, mesh.tp_rank)
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(
-            f"checkpoint {path} was written by a different model: "
-            f"{str(e).splitlines()[0]} ... Use the model config it was trained with, "
-            "or train.resume=none") from None
-
-
-def load_training_state(saved, *, opt, sched, lr_factor, mesh, rank: int, device) -> int:
-    """Optimizer, schedule position and this rank's RNG; this run's optim.* settings win.
-    Returns the step (0 without a checkpoint)."""
-    if not saved:
-        return 0
-    inner = opt.optim
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
-    if not in_place(saved):  # (load_in_place read it)
-        tp.load_full_optimizer_state(opt, saved["optimizer"], mesh.tp_size, mesh.tp_rank)
-    for group, mine in zip(inner.param_groups, settings):
-        group.update(mine)
-    restore_schedule(opt, sched, lr_factor, saved["scheduler"]["last_epoch"])
-    set_rng_state(saved["rng"][rank % len(saved["rng"])], device)
-    return saved["step"]
 
 
 def restore_schedule(opt, sched, lr_factor, position: int) -> None:
