@@ -3,12 +3,13 @@
 whose `.metadata` carries a payload (integrity.json recomputed, as anyone can) is corrupt to every
 reader (load, resume's choice, export's converter), and its payload never runs."""
 
+import json
 import pickle
 
 import pytest
 import torch
 
-from minddp.train.checkpoint import FOLDER, CheckpointError, dcp_reader, resolve
+from minddp.train.checkpoint import FOLDER, CheckpointError, dcp_reader, folders, resolve
 from tests.files import TINY_STATE, write_folder
 from tests.planted import Payload, replant
 
@@ -21,7 +22,7 @@ def planted(tmp_path):
     bad = write_folder(tmp_path / "checkpoints" / "ckpt_99999999", STATE)
     marker = tmp_path / "ran"
     replant(bad, pickle.dumps(Payload(marker)))
-    FOLDER.verify(bad)  # its checksums hold: only its contents are wrong
+    folders.verify_files(bad, json.loads((bad / folders.INTEGRITY).read_text()))  # only its content is bad
     return bad, marker
 
 

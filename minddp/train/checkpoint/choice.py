@@ -91,7 +91,7 @@ def resolve(run_dir, resume: str, device, accept=None, *, opener=load, skip=(),
 
 
 def _accepted(path: Path, state: dict, accept) -> tuple[Path, dict]:
-    """A state to resume from: every nested key the trainer reads, and what `accept` checks."""
+    """A state to resume from: all a resume reads (integrity.REQUIRED), and what `accept` checks."""
     if problem := integrity.layout_problem(state):
         raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
     if accept is not None:
@@ -116,25 +116,24 @@ def _newest_usable(run_dir, found: list[Path], device, accept, opener, skip,
         "train.resume=<path>, or move the checkpoints away to start over")
 
 
-def resolve_agreed(run_dir, resume: str, device, accept=None, into=None,
+def resolve_agreed(run_dir, resume: str, device, accept=None, *, into,
                    check=None) -> tuple[Path | None, dict | None]:
     """`resolve` on rank 0, whose choice is broadcast: on a shared filesystem with attribute
     caching, ranks listing the directory themselves could resume from different steps. Any
     failure, on any rank, is raised on every rank (never a rank waiting for a dead peer).
-    With `into(path, state)` (every rank, a collective) a folder's tensors are not read by the
-    choice: rank 0 checks its small files and sizes, then every rank reads its own part in
-    place; a part damaged on any rank makes the checkpoint corrupt on every rank, and the
-    previous one is chosen (train.resume=auto or a run dir) or the run stops (a path).
-    `check(path, state)`, every rank, before `into`: may refuse the chosen state (a changed
-    config: its error stops the run, it is no fallback)."""
-    opener = load if into is None else open_lazily
+    A folder's tensors are not read by the choice: rank 0 checks its small files and sizes, then
+    every rank reads its own part in place (`into(path, state)`, a collective); a part damaged on
+    any rank makes the checkpoint corrupt on every rank, and the previous one is chosen
+    (train.resume=auto or a run dir) or the run stops (a path). `check(path, state)`, every
+    rank, before `into`: may refuse the chosen state (a changed config: its error stops the run,
+    it is no fallback)."""
     skip, failures = set(), []
     while True:
-        path, state = _agreed_choice(run_dir, resume, device, accept, opener, skip, failures)
+        path, state = _agreed_choice(run_dir, resume, device, accept, open_lazily, skip, failures)
+        if path is None:
+            return path, state
         if check is not None:
             check(path, state)
-        if into is None or path is None:
-            return path, state
         error = None
         try:
             into(path, state)

@@ -107,6 +107,3 @@ def unreadable(path, e: BaseException) -> CheckpointError:
     return CheckpointError(f"checkpoint {path} is unreadable (truncated or corrupt): {type(e).__name__}: "
                            f"{str(e)[:200]}")
 
-
-def corrupt(path, problem: str) -> CheckpointError:
-    return CheckpointError(f"checkpoint {path} is corrupt: {problem}")

@@ -1,11 +1,9 @@
 """The file format (`train.ckpt_format=file`, 0.4's): one `ckpt_<step>.pt` that rank 0 writes from
 the whole state (gathered onto it), read back whole. Its verbs, as the folder format's:
 
-    FILE.list(run_dir)                newest first
     FILE.save(run_dir, step, state)   every rank calls it; rank 0 writes, a failure stops every rank
     FILE.verify(path)                 read back: layout and checksums (integrity.py)
     FILE.load(path, device)           the state dict; CheckpointError when corrupt
-    FILE.delete(path)                 rank 0: moved aside, then removed (store.discard)
     FILE.leftovers(run_dir)           what a crash left of a write: removed at start-up
 
 A file is written to a unique temporary name, flushed to disk, renamed into place, and the
@@ -42,7 +40,6 @@ from .errors import (
 log = logging.getLogger("minddp")
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes zip archives (since torch 1.6); minddp writes no other
-KEYS = ("model", "optimizer", "scheduler", "step")  # what any reader needs (minddp sample: model)
 _LEGACY_TMP = ".ckpt_*.pt.tmp*"  # minddp before atomic_open wrote `.ckpt_<step>.pt.tmp<pid>-<hex>`
 
 
@@ -56,9 +53,6 @@ class FileCheckpoints:
     def owns(self, path) -> bool:
         """Named like a file; whatever it is (a folder or a dangling link named so is a corrupt file)."""
         return Path(path).name.endswith(self.suffix)
-
-    def list(self, run_dir) -> list[Path]:
-        return [p for p in store.all_checkpoints(run_dir) if self.owns(p)]
 
     # ------------------------------------------------------------------------- save
     def save(self, run_dir, step: int, state: dict) -> Path:
@@ -111,10 +105,7 @@ class FileCheckpoints:
         """One torch.save file of the whole checkpoint (minddp export): this is one already."""
         shutil.copyfile(path, out)
 
-    # ------------------------------------------------------------------------- delete
-    def delete(self, path: Path, pause=None) -> None:
-        store.discard(path, pause)
-
+    # ------------------------------------------------------------------------- crashes
     def leftovers(self, run_dir) -> list[Path]:
         """The temporary files of writes a crash interrupted: never a checkpoint, and big."""
         d = store.checkpoint_dir(run_dir)
@@ -123,9 +114,10 @@ class FileCheckpoints:
 
 
 def checked(path, state) -> dict:
-    """A loaded state with the keys every reader needs and matching checksums, else corrupt."""
-    if not isinstance(state, dict) or any(k not in state for k in KEYS):
-        raise CheckpointError(f"{path} is not a minddp checkpoint (needs keys {list(KEYS)})")
+    """A loaded state with what a checkpoint must hold (integrity.REQUIRED) and matching
+    checksums, else corrupt."""
+    if problem := integrity.layout_problem(state, resume=False):
+        raise CheckpointError(f"checkpoint {path} {problem}")
     if problem := integrity.verify(state):
         raise CheckpointError(f"checkpoint {path} is corrupt: {problem}")
     return state

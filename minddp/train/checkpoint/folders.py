@@ -3,14 +3,11 @@ every rank writes what it owns, nothing is gathered onto one rank, and a load gi
 same state dict as a file (so every reader, check and dp size takes either). Its verbs, as the
 file format's:
 
-    FOLDER.list(run_dir)                              newest first
     FOLDER.save(run_dir, step, state)                 every rank; committed when it returns
     FOLDER.save_in_background(run_dir, step, state)   every rank; a BackgroundSave to commit()
-    FOLDER.verify(path)                               every file's size, every byte's CRC-32
     FOLDER.load(path, device)                         the whole state dict; CheckpointError when corrupt
     FOLDER.open(path, device)                         the small state, meta tensors for the large ones
     FOLDER.load_into(path, targets)                   every rank: its own parts, read in place
-    FOLDER.delete(path)                               rank 0: moved aside, then removed
     FOLDER.leftovers(run_dir)                         what a crash left of a save
 
     ckpt_<step>/
@@ -106,9 +103,6 @@ class FolderCheckpoints:
         """A folder not named like a file (`.pt`): a folder checkpoint, whatever its name."""
         return Path(path).is_dir() and not Path(path).name.endswith(".pt")
 
-    def list(self, run_dir) -> list[Path]:
-        return [p for p in store.all_checkpoints(run_dir) if not p.name.endswith(".pt")]
-
     # ------------------------------------------------------------------------- save
     def save(self, run_dir, step: int, state: dict) -> Path:
         """Every rank, at the same point: each writes its tensors, rank 0 the small state; then
@@ -144,11 +138,6 @@ class FolderCheckpoints:
         return BackgroundSave(step, final, tmp, what, tensors, small_sum)
 
     # ------------------------------------------------------------------------- load
-    def verify(self, path) -> None:
-        """Every file's size and every byte's checksum (all of it read)."""
-        with _reading(Path(path)):
-            verify_files(Path(path))
-
     def load(self, path, device) -> dict:
         """The whole state, as a file holds it. CheckpointError for a damaged folder,
         CheckpointReadError for a failed read (the folder may be fine)."""
@@ -178,10 +167,7 @@ class FolderCheckpoints:
         reading `.metadata` without running code (dcp_reader.py)."""
         to_torch_save(path, out)
 
-    # ------------------------------------------------------------------------- delete
-    def delete(self, path: Path, pause=None) -> None:
-        store.discard(path, pause)
-
+    # ------------------------------------------------------------------------- crashes
     def leftovers(self, run_dir) -> list[Path]:
         """Saves a crash interrupted (`.ckpt_<step>.tmp-<id>/`: put in place when only the rename
         was missing) and folders a same-step save set aside (`.ckpt_<step>.old-<id>/`: removed, or
@@ -367,16 +353,11 @@ def _split(obj, name: str, tensors: dict):
     return obj
 
 
-def begin(final: Path) -> Path:
-    """Rank 0: a fresh temporary folder beside `final`, named for this save."""
+def begin_with(final: Path, small: dict) -> tuple[Path, tuple[int, int]]:
+    """Rank 0: a fresh temporary folder beside `final`, named for this save, with the small state
+    in it; (folder, its size and CRC-32)."""
     tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
-    return tmp
-
-
-def begin_with(final: Path, small: dict) -> tuple[Path, tuple[int, int]]:
-    """Rank 0: the temporary folder with the small state in it; (folder, its size and CRC-32)."""
-    tmp = begin(final)
     try:
         return tmp, write_small(tmp, small)
     except BaseException:
@@ -445,11 +426,6 @@ def _background_group(world, timeout_s: float):
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
-def checksums(folder: Path, names: list[str]) -> dict[str, list[int]]:
-    """{file: [size, CRC-32]}."""
-    return {n: [(folder / n).stat().st_size, _crc(folder / n)] for n in names}
-
-
 def _crc(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:
@@ -499,11 +475,6 @@ def _renamed_back(hidden: Path, marker: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading
-def is_folder(path) -> bool:
-    """A folder not named like a file (`.pt`): loaded as a folder checkpoint, whatever its name."""
-    return FOLDER.owns(path)
-
-
 def load_folder(folder: Path, device) -> dict:
     """The whole state of a folder checkpoint, as a single-file checkpoint holds it.
     CorruptFolder for a damaged folder, UnsafeIndex for a `.metadata` that is not DCP's index
@@ -597,30 +568,13 @@ def _checked_bytes(folder: Path, name: str, size_crc) -> bytes:
     return data
 
 
-def verify_files(folder: Path, sums: dict | None = None) -> None:
-    """Every file integrity.json lists, of its size, and every byte of the checksums it gives
-    (every stored item's, or 0.6's every file's); CorruptFolder if not."""
-    sums = _integrity(folder) if sums is None else sums
-    if _version(sums) >= 2:
-        _check_sizes(folder, sums["files"])
-        for name in (STATE, ".metadata"):
-            _checked_bytes(folder, name, sums["files"][name])
-        reader = CheckedReader(folder, sums["chunks"])
-        for name, offset, length, _ in sums["chunks"]:
-            with open(folder / name, "rb") as f:
-                reader.check_item(f, _Item(name, offset, length))
-        return
-    _check_sizes(folder, sums)  # 0.6's: every file's size and CRC-32
+def verify_files(folder: Path, sums: dict) -> None:
+    """A folder of minddp 0.6: every file integrity.json lists, of its size and CRC-32 (all of it
+    read); CorruptFolder if not."""
+    _check_sizes(folder, sums)
     for name, (_, crc) in sorted(sums.items()):
         if _crc(folder / name) != crc:
             raise CorruptFolder(f"checksum mismatch in {name} (a flipped bit or a damaged copy)")
-
-
-class _Item:
-    """A stored item's place, as DCP's _StorageInfo gives it to the reader."""
-
-    def __init__(self, relative_path: str, offset: int, length: int):
-        self.relative_path, self.offset, self.length = relative_path, offset, length
 
 
 def _targets(stored, small: dict, device) -> tuple[dict, dict]:

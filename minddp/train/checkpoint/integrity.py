@@ -66,23 +66,26 @@ def verify(state: dict) -> str | None:
     return None
 
 
-# what the trainer reads from a checkpoint, nested: a file missing one is corrupt
-_LAYOUT = {"model": dict, "optimizer": dict, "scheduler": dict, "step": int, "rng": list}
-_NESTED = (("optimizer", "state", dict), ("optimizer", "param_groups", list),
-           ("scheduler", "last_epoch", int))
+# what a checkpoint must hold (the one list, both formats): every reader (minddp sample, export)
+# reads the first four; a resume reads all of them. A checkpoint missing one is corrupt.
+REQUIRED = {"model": dict, "optimizer": dict, "scheduler": dict, "step": int,
+            "rng": list, "optimizer.state": dict, "optimizer.param_groups": list, "scheduler.last_epoch": int}
+READ_BY_ALL = 4
 
 
-def layout_problem(state) -> str | None:
+def layout_problem(state, resume: bool = True) -> str | None:
+    """What a loaded state lacks of REQUIRED (`resume`: all of it; else what any reader needs)."""
     if not isinstance(state, dict):
         return f"holds a {type(state).__name__}, not a minddp checkpoint"
-    for key, kind in _LAYOUT.items():
-        if not isinstance(state.get(key), kind):
-            return f"is not a whole minddp checkpoint: {key!r} is missing or not a {kind.__name__}"
-    for outer, key, kind in _NESTED:
-        if not isinstance(state[outer].get(key), kind):
-            return f"is not a whole minddp checkpoint: {outer}.{key} is missing or not a {kind.__name__}"
-    if not state["rng"]:
-        return "is not a whole minddp checkpoint: rng is empty"
+    for key, kind in list(REQUIRED.items())[:None if resume else READ_BY_ALL]:
+        outer, _, inner = key.partition(".")
+        value = state.get(outer)
+        if inner and isinstance(value, dict):
+            value = value.get(inner)
+        if not isinstance(value, kind):
+            return f"is not a minddp checkpoint: {key} is missing or not a {kind.__name__}"
+    if resume and not state["rng"]:
+        return "is not a minddp checkpoint: rng is empty"
     return None
 
 

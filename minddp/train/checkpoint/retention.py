@@ -86,7 +86,7 @@ class Retention:
         deleted = []
         for p in victims:
             try:
-                format_of(p).delete(p, pause)
+                store.discard(p, pause)  # either format: renamed out of the listing, then removed
             except OSError as e:
                 log.warning(f"retention: could not delete {p} ({e.strerror or e}); it and every older "
                             "checkpoint are kept and the run goes on. Free it by hand, or fix the folder's "

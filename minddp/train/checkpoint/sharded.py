@@ -417,10 +417,6 @@ class CheckedReader(SafeReader):
         done.set_result(None)
         return done
 
-    def check_item(self, stream, item) -> None:
-        """One stored item (anything with relative_path, offset, length) read and checked."""
-        self._slice_file(stream, item)
-
     def _read_into(self, stream, sinfo, req, target: torch.Tensor) -> bool:
         """The item's tensor bytes read into `target` itself when the item is exactly it (one
         record, stored, of the target's size; the target contiguous on the CPU); the item's other
