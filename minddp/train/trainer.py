@@ -207,8 +207,12 @@ class Trainer:
         profiler = steptrace.profiler(self.t.profile_steps, self.start, self.run_dir, self.info)
         try:
             for step in range(self.start + 1, self.t.max_steps + 1):
-                with steptrace.profiled_step(profiler, step):
+                if profiler is None:
                     stop = self.run_step(step)
+                else:
+                    with torch.profiler.record_function(f"minddp: step {step}"):
+                        stop = self.run_step(step)
+                    profiler.step()  # the trace's ProfilerStep# counts from 0
                 if stop:
                     break
         finally:
@@ -234,7 +238,8 @@ class Trainer:
         result = self.train_step(step)
         result.seconds = time.perf_counter() - t0
         self._window.append(result)
-        self.tracker.step_done(step)
+        if step == self.start + 1:  # a line on a non-terminal: the first metrics row may be minutes away
+            self.tracker.first_step_done(step)
         stopping = result.stop_requested or (t.stop_at_step is not None and step >= t.stop_at_step)
         if t.check_every and step % t.check_every == 0:  # the step times ride on its all-gather
             self.opt.wait_params()

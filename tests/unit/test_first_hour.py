@@ -62,7 +62,8 @@ def test_progress_on_a_non_terminal_says_the_first_step_and_elapsed_and_eta(tmp_
     assert not tracker.interactive  # pytest captures stderr
     with caplog.at_level(logging.INFO, logger="minddp"):
         for step in range(21, 31):
-            tracker.step_done(step)
+            if step == 21:  # the trainer calls it once, after its first step
+                tracker.first_step_done(step)
             tracker.log({"step": step, "loss": 2.0, "tokens_per_s": 100.0})
     tracker.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]

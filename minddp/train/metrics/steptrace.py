@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,30 +87,6 @@ def profiler(profile_steps, start: int, run_dir: str, info):
                                                                 worker_name=f"rank{info.rank}"))
     prof.start()
     return prof
-
-
-@contextmanager
-def profiled_step(prof, step: int):
-    """The training step's number in the profiler's trace (ProfilerStep# counts from 0)."""
-    if prof is None:
-        yield
-        return
-    with torch.profiler.record_function(f"minddp: step {step}"):
-        yield
-    prof.step()
-
-
-class _NoTrace:
-    """What an untraced step records: nothing (so the step reads the same traced or not)."""
-
-    def start(self) -> "_NoTrace":
-        return self
-
-    def phase(self, name: str):
-        return nullcontext()
-
-
-NO_TRACE = _NoTrace()
 
 
 def _gathers(events: list[tuple]) -> tuple[list, list]:

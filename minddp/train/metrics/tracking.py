@@ -103,9 +103,9 @@ class Tracker:
             log.info(f"step {row['step']}/{self.total} " + " ".join(f"{k} {v}" for k, v in shown.items())
                      + self.times(row["step"]))
 
-    def step_done(self, step: int) -> None:
-        """The first step's line on a non-terminal: the first metrics row may be minutes away."""
-        if not self.interactive and step == self.start_step + 1 and step % max(10, self.log_every):
+    def first_step_done(self, step: int) -> None:
+        """The first step's line on a non-terminal, unless its metrics row comes with it."""
+        if not self.interactive and step % max(10, self.log_every):
             log.info(f"step {step}/{self.total} done" + self.times(step))
 
     def times(self, step: int) -> str:
@@ -179,7 +179,7 @@ class NullTracker:
     def log(self, row: dict) -> None:
         pass
 
-    def step_done(self, step: int) -> None:
+    def first_step_done(self, step: int) -> None:
         pass
 
     def info(self, msg: str) -> None:

@@ -20,6 +20,9 @@ import torch
 class Faults:
     def __init__(self, train_cfg, rank: int):
         self.t, self.rank = train_cfg, rank
+        # whether after_backward can do anything: a NaN or a stall set for a step
+        self.in_step = train_cfg.fault_nan_step is not None or (
+            train_cfg.fault_sleep_step is not None and train_cfg.fault_sleep_in == "step")
 
     def after_backward(self, step: int, model: torch.nn.Module, loss_sum: torch.Tensor) -> None:
         t = self.t

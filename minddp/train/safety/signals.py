@@ -15,20 +15,17 @@ import signal
 class StopRequest:
     def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT), on_signal=None):
         self.signum: int | None = None
+        self.requested = False  # read every step: a plain attribute
         self.on_signal = on_signal  # e.g. dump the flight recorder
         for s in signals:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        self.signum = signum
+        self.signum, self.requested = signum, True
         if self.on_signal:
             self.on_signal()
         # a second signal (e.g. the rank is stuck in a collective) terminates as usual
         signal.signal(signum, signal.SIG_DFL)
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
 
     @property
     def exit_code(self) -> int:
