@@ -97,6 +97,18 @@ def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     torch._foreach_copy_(dst, src)
 
 
+def foreach_fused(device: torch.device) -> bool:
+    """Whether torch's foreach ops run as fused kernels on `device` (else one op per tensor)."""
+    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+
+    return device.type in _get_foreach_kernels_supported_devices()
+
+
+def foreach_zero_(tensors: list[torch.Tensor]) -> None:
+    """t.zero_() for every t, in one call."""
+    torch._foreach_zero_(tensors)
+
+
 def flatten_dense_tensors(tensors):
     """One contiguous copy of many tensors: one broadcast instead of one per tensor."""
     return _flatten_dense_tensors(tensors)

@@ -24,6 +24,7 @@ from a torch DDP config gives the same buckets):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -120,9 +121,14 @@ class Bucket:
     grads: torch.Tensor
     sparse: bool = False  # one parameter with a sparse gradient: reduced as it is, no flat buffer
 
-    @property
+    @functools.cached_property
     def grad_nbytes(self) -> int:
         return sum(self.numels) * self.buffer.element_size()
+
+    @functools.cached_property
+    def gradient_region(self) -> torch.Tensor:
+        """The part of `buffer` the gradients fill (no padding, no usage flags)."""
+        return self.buffer[: sum(self.numels)]
 
     def view(self, k: int, shape: torch.Size) -> torch.Tensor:
         """The slice of the buffer that is parameter k's gradient."""

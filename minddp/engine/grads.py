@@ -3,9 +3,12 @@
 minddp's gradients live in the buckets' flat buffers: after a synchronised backward every `.grad`
 is a view of its bucket (as torch DDP's with `gradient_as_bucket_view=True`), holding the
 average. A gradient reaches its view in one of two ways:
-- accumulated in place: `.grad` already was the view (`zero_grad(set_to_none=False)`, no_sync
-  micro-steps), autograd added into it: nothing to do;
-- fresh: `.grad` was None (`zero_grad()`'s default), so autograd made a tensor of its own; the
+- accumulated in place: `.grad` already was the view (`zero_grad(set_to_none=False)`), autograd
+  added into it: nothing to do; on the CPU a `.grad` that is None is pointed at its zeroed view
+  when the forward ends (`point_at_views`; `unpoint` puts back None where no gradient came), so
+  the default loop takes this way too;
+- fresh: `.grad` was None at the backward (`zero_grad()`'s default, on CUDA; or set to None after
+  the forward; or a no_sync() micro-step's local gradient), so autograd made a tensor of its own; the
   bucket's fresh gradients are copied in with one `torch._foreach_copy_` when the bucket goes
   out (`land`), and `.grad` points at the view from then on (the fresh tensors go per bucket).
 The average's 1/n is not applied here: the whole bucket is scaled in one pass before its sum
@@ -23,6 +26,35 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+
+
+@torch.no_grad()
+def point_at_views(params: list[torch.Tensor], buckets, views) -> list[int]:
+    """Before a synchronised backward, each `.grad` that is None becomes its zeroed bucket view,
+    so autograd accumulates straight into the bucket: nothing fresh to land at launch (a bucket
+    whose every `.grad` was None is zeroed in one call). Returns the parameters pointed."""
+    pointed = []
+    for bucket in buckets:
+        if bucket.sparse:
+            continue
+        none = [i for i in bucket.param_ids if params[i].grad is None]
+        if not none:
+            continue
+        if len(none) == len(bucket.param_ids):
+            bucket.gradient_region.zero_()
+        else:
+            _compat.foreach_zero_([views[i] for i in none])
+        for i in none:
+            params[i].grad = views[i]
+        pointed += none
+    return pointed
+
+
+def unpoint(params: list[torch.Tensor], ids: list[int]) -> None:
+    """Pointed parameters that got no gradient in the backward: `.grad` None again, as torch
+    leaves it (a backward that reached none of them: functional_call, autograd.grad)."""
+    for i in ids:
+        params[i].grad = None
 
 
 @torch.no_grad()

@@ -16,7 +16,8 @@ Per bucket b:
                   the default of `zero_grad()`): copied into the bucket in one call at launch
     launched[b]   the collective it started (minddp.engine.communicator.Started), until waited for
     unused[b]     (parameter, its .grad was None) for each unused parameter it carried
-And: `next_bucket` (the first bucket not launched), `ready_order` (the order parameters became
+And: `pointed` (parameters whose `.grad` None was pointed at its bucket view when the forward
+ended: one no gradient reaches gets None back), `next_bucket` (the first bucket not launched), `ready_order` (the order parameters became
 ready, kept until the one rebuild: its plan), `grad_scale` (join's factor for the gradients).
 
 `static_graph` (torch's `_set_static_graph`) is `StaticGraph`'s: how many hooks each parameter
@@ -46,7 +47,7 @@ class StaticGraph:
 
 class Iteration:
     def __init__(self, bucket_of: list[int], bucket_sizes: list[int], static: StaticGraph | None = None,
-                 grad_scale: float | None = None, record_order: bool = True):
+                 grad_scale: float | None = None, record_order: bool = True, pointed: list[int] = ()):
         n, nb = len(bucket_of), len(bucket_sizes)
         self.bucket_of = bucket_of  # the layout's map, parameter -> bucket (shared, read only)
         self.ready = bytearray(n)
@@ -68,6 +69,7 @@ class Iteration:
         self.launched: list = [None] * nb
         self.unused: list[list[tuple[int, bool]]] = [[] for _ in range(nb)]
         self.next_bucket = 0
+        self.pointed = pointed  # `.grad` None pointed at its view at the forward's end (grads.point_at_views)
         self.grad_scale = grad_scale  # join(divide_by_initial_world_size=False): world / ranks training
         # the reducer's, at the first mark: a backward that marks nothing (autograd.grad of an
         # input) ends nothing; a parameter marked ready must finish before the next iteration
@@ -154,9 +156,16 @@ class Iteration:
     def note_unused(self, b: int, i: int, grad_was_none: bool) -> None:
         self.unused[b].append((i, grad_was_none))
 
-    def used_or(self, mask: bytes) -> bytes:
-        """`used`, with the parameters of `mask` counted as used too."""
-        return bytes(u | m for u, m in zip(self.used, mask)) if any(mask) else bytes(self.used)
+    def used_or(self, mask: bytes | None) -> bytes:
+        """`used`, with the parameters of `mask` (if any) counted as used too."""
+        return bytes(u | m for u, m in zip(self.used, mask)) if mask else bytes(self.used)
+
+    def take_unmarked_pointed(self) -> list[int]:
+        """The pointed parameters no hook marked (their `.grad` goes back to None), taken once."""
+        pointed, self.pointed = self.pointed, ()
+        if not pointed or (self.marked_any and self.all_complete() and not self.marked_unused):
+            return []  # every parameter was marked ready with a gradient
+        return [i for i in pointed if not self.ready[i]]
 
     def take_launchable(self) -> range:
         """The complete buckets from `next_bucket` on, in index order, now taken for launch."""

@@ -66,7 +66,7 @@ class Reducer:
         self.options = options
         self.src_rank = dist.get_process_group_ranks(group)[0]  # global (broadcast's src)
         self.sparse = sparse  # torch's expect_sparse_gradient: its own bucket, reduced as it is
-        self.sparse_mask = bytes(sparse)
+        self.sparse_mask = bytes(sparse) if any(sparse) else None  # they count as used
         if any(sparse):
             _check_sparse_options(options, [n for n, s in zip(names, sparse) if s])
         self.mixed = mixed  # mixed precision's casts (minddp.engine.mixed_precision), or None
@@ -83,6 +83,8 @@ class Reducer:
         self.bucket_of: list[int] = []  # the layout's parameter -> bucket, and each bucket's size
         self.bucket_sizes: list[int] = []
         self.views: tuple = ()  # the layout's gradient views (None: a sparse gradient)
+        self.points_at_views = mixed is None and not _compat.foreach_fused(device)  # (_accumulates_in_buckets)
+        self.flags_view: torch.Tensor | None = None  # the layout's usage flags (minddp.engine.usage)
         self.iteration: Iteration | None = None  # between prepare_for_backward and finalize_backward
 
     # ------------------------------------------------------------------ the buckets
@@ -110,6 +112,7 @@ class Reducer:
         self.bucket_of = [self.layout.bucket_of(i) for i in range(len(self.params))]
         self.bucket_sizes = [len(b.param_ids) for b in self.layout.buckets]
         self.views = self.layout.views
+        self.flags_view = self.layout.flags(len(self.params))
         self.observer.layout_changed(len(self.layout.buckets))
 
     @property
@@ -171,11 +174,24 @@ class Reducer:
             it.abandon()
             raise RuntimeError(NOT_FINISHED)
         self.iterations += 1
+        pointed = (grads.point_at_views(self.params, self.layout.buckets, self.views)
+                   if self._accumulates_in_buckets else ())
         self.iteration = Iteration(self.bucket_of, self.bucket_sizes, self.static, grad_scale,
-                                   record_order=not self.rebuilt)
+                                   record_order=not self.rebuilt, pointed=pointed)
         self.observer.start(len(self.layout.buckets))
         self._watch(outputs)
         return True
+
+    @property
+    def _accumulates_in_buckets(self) -> bool:
+        """Whether a `.grad` that is None is pointed at its zeroed bucket view before the backward,
+        so autograd adds into the bucket instead of making a tensor to copy in at launch. Where
+        foreach ops run one op per tensor (the CPU) that add costs what the copy would, and the
+        step saves the copy's bookkeeping; where they are fused (CUDA) one copy per bucket is
+        cheaper than an add kernel per gradient, so fresh gradients land (`grads.land`). Not
+        where a parameter without a gradient must keep `.grad` None (find_unused_parameters,
+        static_graph, as torch), nor under mixed precision (the buffer holds param_dtype)."""
+        return self.points_at_views and not self.usage.tolerate_unused
 
     def _rebuild_buckets(self) -> bool:
         """torch's entry, called by libraries before `prepare_for_backward`: minddp rebuilds its
@@ -269,10 +285,10 @@ class Reducer:
         if it.pending[b] or it.marked_unused or not it.plain:  # some parameter may be unused
             self._contribute_unused(it, b, bucket)
         if b == self.layout.flags_bucket:  # a sparse gradient counts as used (it travels as it is)
-            self.usage.write(self.layout.flags(len(self.params)), it.used_or(self.sparse_mask))
+            self.usage.write(self.flags_view, it.used_or(self.sparse_mask))
         self.observer.launch(b, bucket.grad_nbytes, self.reduction.kind)
         if self.options.skip_unused and self.usage.unused_here(it.unused[b], bucket.param_ids):
-            flags = self.layout.flags(len(self.params)) if b == self.layout.flags_bucket else None
+            flags = self.flags_view if b == self.layout.flags_bucket else None
             flags_started = self.reduction.comm(flags) if flags is not None else Started(None)
             started = Started(_Skipped(flags_started.future), flags_started.work)  # the flags only
         else:
@@ -309,12 +325,14 @@ class Reducer:
         if it is None:  # (finalized already: nothing is left to do)
             return
         if not it.marked_any:
+            grads.unpoint(self.params, it.take_unmarked_pointed())
             it.unqueue_finalize()
             return
         if it.counting_hooks:  # torch's delay_all_reduce: every bucket now; later iterations count down
             self.static.learn(it.hook_counts)
         self.iteration = None  # from here on a hook is outside any iteration
         self._reduce_rest_and_wait(it)
+        grads.unpoint(self.params, it.take_unmarked_pointed())
         if self.mixed is not None:  # parameters and .grad back in full precision
             self.mixed.to_full_precision(self.layout)
         self.usage.reduced(self.reduction.usage_flags(len(self.params)), it.used, it.unused,

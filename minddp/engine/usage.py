@@ -44,6 +44,9 @@ class UsageFlags:
     def write(self, tail, used: bytes) -> None:
         """The flags for `used` (one byte per parameter, nonzero: it got a gradient here) into
         the last bucket's tail: "used here" with tolerate_unused, else "unused here"."""
+        if not self.tolerate_unused and 0 not in used:  # the default iteration: all used here
+            tail.zero_()
+            return
         used = torch.frombuffer(bytearray(used), dtype=torch.uint8).bool()
         if self.tolerate_unused:  # used in the synchronised micro-step or in an earlier no_sync() one
             used |= torch.tensor(self.used_unsynced)

@@ -9,9 +9,11 @@ as ratios of what each engine adds to the same step:
   order rotated every round, wall time and the process's own CPU time (which other processes
   do not move) per step; with `.grad` set to None each step (the default of `zero_grad()`) and
   kept (zeroed in place);
-- `hook_costs`: the hook path alone, communication stubbed (both engines get a comm hook that
-  returns a finished future): the process's CPU time of one backward, less the plain model's,
-  per ready gradient (µs). Nothing travels and no peer waits, so noise hardly moves it.
+- `hook_costs`: the engine's gradient path alone, communication stubbed (both engines get a
+  comm hook that returns a finished future): the process's CPU time of one forward and
+  backward, less the plain model's, per ready gradient (µs). The forward is in: each engine
+  prepares its backward at the forward's end (minddp points `.grad` at the buckets there).
+  Nothing travels and no peer waits, so noise hardly moves it.
 """
 
 from __future__ import annotations
@@ -96,8 +98,8 @@ def added_ratio(costs: dict[str, dict[str, float]], clock: str) -> float:
 
 
 def hook_costs(base: nn.Module, reps: int, set_to_none: bool) -> dict[str, float]:
-    """{engine: µs of process CPU time per ready gradient}, communication stubbed: one backward
-    with each engine less the plain model's, interleaved, median over `reps`."""
+    """{engine: µs of process CPU time per ready gradient}, communication stubbed: one forward
+    and backward with each engine less the plain model's, interleaved, median over `reps`."""
     x, y = _batch()
     models = {e: _wrapped(base, e, stub=True) for e in ENGINES}
     n = num_tensors(base)
@@ -106,9 +108,8 @@ def hook_costs(base: nn.Module, reps: int, set_to_none: bool) -> dict[str, float
         for e in ENGINES[r % 3:] + ENGINES[: r % 3]:
             m = models[e]
             m.zero_grad(set_to_none=set_to_none)
-            loss = _loss(m, x, y)
             c0 = time.process_time()
-            loss.backward()
+            _loss(m, x, y).backward()
             if r >= 2:
                 samples[e].append(time.process_time() - c0)
     med = {e: statistics.median(s) for e, s in samples.items()}

@@ -11,8 +11,8 @@ to a core each. Each step is `zero_grad(set_to_none=...)` -> forward -> backward
    time, and the process's own CPU time, which other processes do not move), with `.grad` set to
    None each step (the default of `zero_grad()` and of every loop we know) and kept (zeroed in
    place). Reported: the median over repeats and its spread (min-max).
-2. The hook path alone, communication stubbed (a comm hook that returns a finished future, on
-   both engines): CPU µs per ready gradient, one backward less the plain model's.
+2. The gradient path alone, communication stubbed (a comm hook that returns a finished future, on
+   both engines): CPU µs per ready gradient, one forward and backward less the plain model's.
 The measurements are minddp/perf/host_bench.py; this is their report.
 """
 
@@ -79,8 +79,8 @@ def report(args, world, device, steps, hooks) -> list:
         render.table(["tensors", ".grad between steps", "none step (ms)", "torch DDP adds (ms)",
                       "minddp adds (ms)", "ratio, CPU: median", "spread", "ratio, wall: median", "spread"],
                      [step_row(tensors[layers], label, steps[(layers, label)]) for layers, label in steps]),
-        "The hook path alone, communication stubbed on both engines (a comm hook returning a finished "
-        f"future): process CPU µs per ready gradient, one backward less the plain model's, median of "
+        "The gradient path alone, communication stubbed on both engines (a comm hook returning a finished "
+        f"future): process CPU µs per ready gradient, one forward and backward less the plain model's, median of "
         f"{args.hook_reps}:",
         render.table(["tensors", ".grad between steps", "torch DDP (µs)", "minddp (µs)", "minddp / torch"],
                      [[tensors[layers], label, f"{c['torch DDP']:.2f}", f"{c['minddp']:.2f}",

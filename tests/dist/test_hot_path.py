@@ -144,8 +144,8 @@ class _Deep(nn.Module):
         return self.layers(x)
 
 
-def _ops_per_backward(rank, world, set_to_none, engine):
-    """The aten ops one backward runs, less the plain model's: what the engine adds."""
+def _ops_per_backward(rank, world, set_to_none, engine, zero_after_forward=False):
+    """The aten ops one forward and backward run, less the plain model's: what the engine adds."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -165,9 +165,12 @@ def _ops_per_backward(rank, world, set_to_none, engine):
     x = torch.randn(2, 4)
     counts = []
     for _ in range(3):  # the first two: minddp rebuilds its buckets after the first
-        m.zero_grad(set_to_none=set_to_none)
-        loss = m(x).sum()
+        if not zero_after_forward:
+            m.zero_grad(set_to_none=set_to_none)
         with Count() as c:
+            loss = m(x).sum()
+            if zero_after_forward:  # the tutorials' order: forward, zero_grad, backward
+                m.zero_grad(set_to_none=set_to_none)
             loss.backward()
         counts.append(c.ops)
     return counts[-1], len(list(base.parameters()))
@@ -175,13 +178,24 @@ def _ops_per_backward(rank, world, set_to_none, engine):
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_the_engine_adds_a_constant_number_of_ops_per_bucket_not_per_gradient(set_to_none):
-    """40 layers (80 gradients) in one bucket: what minddp adds to a backward is a handful of
-    aten ops per bucket (one _foreach_copy_ for the fresh gradients, the 1/n, the collective, the
-    usage flags), never one per gradient, as `.grad` set to None each step (zero_grad's default)
-    would cost with a copy per parameter."""
+    """40 layers (80 gradients) in one bucket: what minddp adds to a forward and backward is a
+    handful of aten ops per bucket (on the CPU, `.grad` None pointed at the bucket zeroed in
+    one op; the 1/n, the collective, the usage flags), never one per gradient, as `.grad` set
+    to None each step (zero_grad's default) would cost with a copy per parameter."""
     plain, n = launch.ranks(_ops_per_backward, 2, set_to_none, "plain", timeout=120)[0]
     ours, _ = launch.ranks(_ops_per_backward, 2, set_to_none, "minddp", timeout=120)[0]
     added = len(ours) - len(plain)
     assert added <= 12, (added, sorted(set(ours) - set(plain)), n)
-    if set_to_none:
-        assert ours.count("aten._foreach_copy_.default") == 1, ours
+    assert "aten._foreach_copy_.default" not in ours  # autograd accumulated into the bucket
+    flags = 1  # every parameter used here: the usage flags are zeros
+    assert ours.count("aten.zero_.default") == flags + (1 if set_to_none else 0), ours
+
+
+def test_gradients_made_after_the_forward_land_with_one_copy_per_bucket():
+    """`.grad` set to None between the forward and the backward (or on a device with fused
+    foreach kernels, where they always do): autograd makes fresh gradients, and they land in
+    the bucket with one `_foreach_copy_`, still a handful of ops per bucket."""
+    plain, n = launch.ranks(_ops_per_backward, 2, True, "plain", True, timeout=120)[0]
+    ours, _ = launch.ranks(_ops_per_backward, 2, True, "minddp", True, timeout=120)[0]
+    assert len(ours) - len(plain) <= 12, (len(ours) - len(plain), sorted(set(ours) - set(plain)), n)
+    assert ours.count("aten._foreach_copy_.default") == 1, ours
