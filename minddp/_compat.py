@@ -97,11 +97,10 @@ def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     torch._foreach_copy_(dst, src)
 
 
-def foreach_fused(device: torch.device) -> bool:
-    """Whether torch's foreach ops run as fused kernels on `device` (else one op per tensor)."""
-    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
-
-    return device.type in _get_foreach_kernels_supported_devices()
+def version_of(t: torch.Tensor) -> int:
+    """`t`'s version counter (shared by its views): each in-place write, autograd's accumulation
+    into a `.grad` included, adds one."""
+    return t._version
 
 
 def foreach_zero_(tensors: list[torch.Tensor]) -> None:

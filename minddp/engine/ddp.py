@@ -105,7 +105,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             replicas.init_sync(self, module, init_sync_buffers)
         if self.mixed is not None:  # torch casts the buffers once, after the init sync
             self.mixed.cast_buffers()
-        self._hooks, self._finalizer = hooks.attach(self, module, self.params, self.reducer)
+        self._finalizer = hooks.attach(self, module, self.reducer)
         self.require_backward_grad_sync = True  # False inside no_sync(); torch DDP's attribute
         self.require_forward_param_sync = True  # torch DDP's rule for buffer broadcast
         if static_graph:  # as torch's constructor does
@@ -242,7 +242,7 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.reducer = self._new_reducer(order)
         if static_graph:
             self.reducer.set_static_graph()
-        self._hooks, self._finalizer = hooks.attach(self, self.module, self.params, self.reducer)
+        self._finalizer = hooks.attach(self, self.module, self.reducer)
 
 
 def _produces_sparse_gradient(module: nn.Module, name: str) -> bool:

@@ -30,22 +30,30 @@ from .. import _compat
 
 @torch.no_grad()
 def point_at_views(params: list[torch.Tensor], buckets, views) -> list[int]:
-    """Before a synchronised backward, each `.grad` that is None becomes its zeroed bucket view,
-    so autograd accumulates straight into the bucket: nothing fresh to land at launch (a bucket
-    whose every `.grad` was None is zeroed in one call). Returns the parameters pointed."""
+    """Before a synchronised backward every dense `.grad` becomes its bucket view, so autograd
+    accumulates straight into the bucket: one that is None is pointed at its zeroed view (a
+    bucket whose every `.grad` is None is zeroed in one call), one held apart (no_sync()'s local
+    gradients) is moved in. Returns the parameters that were None."""
     pointed = []
     for bucket in buckets:
         if bucket.sparse:
             continue
-        none = [i for i in bucket.param_ids if params[i].grad is None]
-        if not none:
-            continue
-        if len(none) == len(bucket.param_ids):
+        ids = bucket.param_ids
+        held = [params[i].grad for i in ids]
+        none = [i for i, g in zip(ids, held) if g is None]  # (`is`: a tensor's == is an op)
+        if len(none) == len(ids):
             bucket.gradient_region.zero_()
-        else:
+            for i in ids:
+                params[i].grad = views[i]
+            pointed += ids
+            continue
+        if none:
             _compat.foreach_zero_([views[i] for i in none])
-        for i in none:
-            params[i].grad = views[i]
+        for i, g in zip(ids, held):
+            if g is None or g is not views[i]:
+                if g is not None:
+                    views[i].copy_(g)
+                params[i].grad = views[i]
         pointed += none
     return pointed
 

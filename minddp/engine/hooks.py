@@ -1,10 +1,12 @@
 """The wrapper's gradient hooks and who owns a module: one live wrapper per module.
 
-Each trained parameter gets a post-accumulate-grad hook that calls its reducer's
-`autograd_hook(i, p)`; a finalizer on the wrapper removes the hooks when the wrapper is dropped
-(or `remove_hooks()`), and the reducer goes with them. A module has one live wrapper, the newest
-(torch allows re-wrapping, e.g. `ddp = DDP(model, **opts)` in a sweep): the previous one loses
-its hooks, which would fight over .grad, and is retired (its forward raises `retired_error`).
+`GradHooks` holds the post-accumulate-grad hooks of one reducer: on every trained parameter
+(each calls `autograd_hook(i, p)`), or, once the reducer knows the order gradients arrive in,
+on one parameter per bucket, the one whose gradient arrives last (`bucket_hook(b, p)`). A
+finalizer on the wrapper removes them when the wrapper is dropped (or `remove_hooks()`), and the
+reducer goes with them. A module has one live wrapper, the newest (torch allows re-wrapping,
+e.g. `ddp = DDP(model, **opts)` in a sweep): the previous one loses its hooks, which would fight
+over .grad, and is retired (its forward raises `retired_error`).
 """
 
 from __future__ import annotations
@@ -19,16 +21,46 @@ from torch import nn
 OWNERS: "weakref.WeakKeyDictionary[nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
 
 
-def attach(wrapper, module: nn.Module, params: list[torch.Tensor], reducer) -> tuple[list, weakref.finalize]:
-    """Hook every parameter to `reducer` and take the module over; returns (the hook handles, the
-    finalizer that removes them, also when the wrapper is garbage-collected)."""
-    # each hook calls the reducer directly (one call per gradient); the wrapper's finalizer removes
-    # them, so a dropped wrapper's reducer goes with its hooks
-    handles = [p.register_post_accumulate_grad_hook(functools.partial(reducer.autograd_hook, i))
-               for i, p in enumerate(params)]
-    finalizer = weakref.finalize(wrapper, release, handles, weakref.ref(module), weakref.ref(wrapper))
+class GradHooks:
+    """The hooks on a reducer's parameters: `set({i: fn})` hooks exactly those parameters (the
+    previous hooks go), each calling fn(p) once its gradient was accumulated."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self._handles: list = []
+
+    def set(self, fns: dict) -> None:
+        self.remove()
+        self._handles = [self.params[i].register_post_accumulate_grad_hook(fn) for i, fn in fns.items()]
+
+    @property
+    def hooked(self) -> int:
+        """How many parameters carry a hook now."""
+        return len(self._handles)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def attach(wrapper, module: nn.Module, reducer) -> weakref.finalize:
+    """Hook the parameters to `reducer` and take the module over; returns the finalizer that
+    removes the hooks (also when the wrapper is garbage-collected)."""
+    reducer.hook_all()
+    finalizer = weakref.finalize(wrapper, release, reducer.hooks, weakref.ref(module), weakref.ref(wrapper))
     take_over(module, wrapper)  # an older wrapper of this module is retired
-    return handles, finalizer
+    return finalizer
+
+
+def per_parameter(reducer, n: int) -> dict:
+    """Every parameter's hook calls the reducer's `autograd_hook(i, p)` directly."""
+    return {i: functools.partial(reducer.autograd_hook, i) for i in range(n)}
+
+
+def per_bucket(reducer, last: dict[int, int]) -> dict:
+    """`last`: bucket -> its parameter whose gradient arrives last; that one calls `bucket_hook(b, p)`."""
+    return {i: functools.partial(reducer.bucket_hook, b) for b, i in last.items()}
 
 
 def take_over(module: nn.Module, new) -> None:
@@ -40,10 +72,9 @@ def take_over(module: nn.Module, new) -> None:
     OWNERS[module] = weakref.ref(new)
 
 
-def release(handles, module_ref, owner) -> None:
+def release(grad_hooks: GradHooks, module_ref, owner) -> None:
     """A wrapper's hooks go (remove_hooks(), or the wrapper was garbage-collected)."""
-    for h in handles:
-        h.remove()
+    grad_hooks.remove()
     module = module_ref()
     if module is not None and OWNERS.get(module) is owner:
         OWNERS.pop(module, None)

@@ -20,6 +20,11 @@ And: `pointed` (parameters whose `.grad` None was pointed at its bucket view whe
 ended: one no gradient reaches gets None back), `next_bucket` (the first bucket not launched), `ready_order` (the order parameters became
 ready, kept until the one rebuild: its plan), `grad_scale` (join's factor for the gradients).
 
+Watched per bucket (the default once the buckets are rebuilt, minddp.engine.reducer), no hook
+comes per parameter: `versions[b]` is bucket b's buffer version counter when the backward
+started, and its watched hook finds it complete with `bucket_arrived`; `lost_track` when one was
+not (everything left then goes out at the end).
+
 `static_graph` (torch's `_set_static_graph`) is `StaticGraph`'s: how many hooks each parameter
 gets, learned in the first iteration, counted down in each later one.
 """
@@ -47,11 +52,16 @@ class StaticGraph:
 
 class Iteration:
     def __init__(self, bucket_of: list[int], bucket_sizes: list[int], static: StaticGraph | None = None,
-                 grad_scale: float | None = None, record_order: bool = True, pointed: list[int] = ()):
+                 grad_scale: float | None = None, record_order: bool = True, pointed: list[int] = (),
+                 versions: list[int] | None = None):
         n, nb = len(bucket_of), len(bucket_sizes)
         self.bucket_of = bucket_of  # the layout's map, parameter -> bucket (shared, read only)
         self.ready = bytearray(n)
-        self.used = bytearray(n)
+        # watched per bucket: each bucket's buffer version when the backward starts; every
+        # parameter counts as used (a bucket found incomplete hands over to per-gradient hooks)
+        self.versions = versions
+        self.lost_track = False
+        self.used = bytearray(b"\x01" * n) if versions is not None else bytearray(n)
         self.ready_order: list[int] | None = [] if record_order else None
         counts = static.counts if static is not None else None
         self.hook_counts = [0] * n if static is not None and counts is None else None  # learning
@@ -105,6 +115,19 @@ class Iteration:
             return False
         self.complete += 1
         return True
+
+    def bucket_arrived(self, b: int, fresh: list[int]) -> None:
+        """Watched per bucket: bucket b is complete (`fresh`: its gradients that arrived as tensors
+        of their own, to land at launch)."""
+        if self.pending[b]:
+            self.pending[b] = 0
+            self.complete += 1
+        self.fresh[b] = fresh
+
+    def lose_track(self) -> None:
+        """A watched bucket was incomplete at its hook (the graph changed its order, or a
+        gradient did not come): nothing more goes out before the backward ends."""
+        self.lost_track = True
 
     def count_hook(self, i: int, used: bool) -> bool:
         """static_graph: one hook of parameter i. While learning, counts it (never ready: every
@@ -170,6 +193,8 @@ class Iteration:
     def take_launchable(self) -> range:
         """The complete buckets from `next_bucket` on, in index order, now taken for launch."""
         start, n = self.next_bucket, len(self.pending)
+        if self.lost_track:
+            return range(start, start)
         while self.next_bucket < n and self.pending[self.next_bucket] == 0:
             self.next_bucket += 1
         return range(start, self.next_bucket)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 # per-process state: the reducer (buckets, reduction, observer, flags, the iteration), the
 # mixed-precision casts (they hold the parameters' full-precision data), the hooks
-DROPPED = frozenset({"process_group", "reducer", "mixed", "uneven", "_hooks", "_finalizer", "params"})
+DROPPED = frozenset({"process_group", "reducer", "mixed", "uneven", "_finalizer", "params"})
 
 
 def getstate(ddp) -> dict:

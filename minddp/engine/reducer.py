@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _compat
-from . import grads
+from . import grads, hooks
 from .buckets import Layout, TensorSpec, assign_buckets
 from .communicator import Communicator, Started
 from .iteration import GraphChanged, Iteration, MarkedTwice, StaticGraph
@@ -83,7 +83,10 @@ class Reducer:
         self.bucket_of: list[int] = []  # the layout's parameter -> bucket, and each bucket's size
         self.bucket_sizes: list[int] = []
         self.views: tuple = ()  # the layout's gradient views (None: a sparse gradient)
-        self.points_at_views = mixed is None and not _compat.foreach_fused(device)  # (_accumulates_in_buckets)
+        self.points_at_views = mixed is None  # (_accumulates_in_buckets)
+        self.hooks = hooks.GradHooks(params)  # per parameter, or watched per bucket (`watching`)
+        self.watching = False
+        self.lost_track = False  # a watched bucket was found incomplete: per parameter from then on
         self.flags_view: torch.Tensor | None = None  # the layout's usage flags (minddp.engine.usage)
         self.iteration: Iteration | None = None  # between prepare_for_backward and finalize_backward
 
@@ -174,24 +177,45 @@ class Reducer:
             it.abandon()
             raise RuntimeError(NOT_FINISHED)
         self.iterations += 1
-        pointed = (grads.point_at_views(self.params, self.layout.buckets, self.views)
-                   if self._accumulates_in_buckets else ())
+        buckets = self.layout.buckets
+        pointed = grads.point_at_views(self.params, buckets, self.views) if self._accumulates_in_buckets else ()
+        versions = [_compat.version_of(b.buffer) for b in buckets] if self.watching else None
         self.iteration = Iteration(self.bucket_of, self.bucket_sizes, self.static, grad_scale,
-                                   record_order=not self.rebuilt, pointed=pointed)
+                                   record_order=not self.rebuilt, pointed=pointed, versions=versions)
         self.observer.start(len(self.layout.buckets))
         self._watch(outputs)
         return True
 
     @property
     def _accumulates_in_buckets(self) -> bool:
-        """Whether a `.grad` that is None is pointed at its zeroed bucket view before the backward,
-        so autograd adds into the bucket instead of making a tensor to copy in at launch. Where
-        foreach ops run one op per tensor (the CPU) that add costs what the copy would, and the
-        step saves the copy's bookkeeping; where they are fused (CUDA) one copy per bucket is
-        cheaper than an add kernel per gradient, so fresh gradients land (`grads.land`). Not
-        where a parameter without a gradient must keep `.grad` None (find_unused_parameters,
-        static_graph, as torch), nor under mixed precision (the buffer holds param_dtype)."""
+        """Whether every `.grad` is made its bucket view before the backward, so autograd adds
+        into the bucket (one add per gradient, where torch's reducer copies each in with its
+        1/n): not where a parameter without a gradient must keep `.grad` None
+        (find_unused_parameters, static_graph, as torch), nor under mixed precision (the
+        buffer holds param_dtype)."""
         return self.points_at_views and not self.usage.tolerate_unused
+
+    # ------------------------------------------------------------------ the hooks
+    def hook_all(self) -> None:
+        """A hook on every parameter (`autograd_hook`): the first iteration, which observes the
+        order gradients arrive in, and whatever needs each gradient seen."""
+        self.watching = False
+        self.hooks.set(hooks.per_parameter(self, len(self.params)))
+
+    def _choose_hooks(self) -> None:
+        """Once the buckets are rebuilt in the observed order, the default iteration watches one
+        gradient per bucket, the one observed to arrive last (`bucket_hook`): no Python runs per
+        gradient. Per parameter where the rules need each one (static_graph, unused
+        parameters, sparse or mixed-precision gradients) or a watched bucket was once found
+        incomplete (a graph whose order changes)."""
+        watch = (self.rebuilt and self._accumulates_in_buckets and self.static is None
+                 and self.sparse_mask is None and not self.lost_track)
+        if watch == self.watching:
+            return
+        if not watch:
+            return self.hook_all()
+        self.watching = True
+        self.hooks.set(hooks.per_bucket(self, {b.index: b.param_ids[-1] for b in self.layout.buckets}))
 
     def _rebuild_buckets(self) -> bool:
         """torch's entry, called by libraries before `prepare_for_backward`: minddp rebuilds its
@@ -242,6 +266,44 @@ class Reducer:
             raise RuntimeError(f"{MARKED_TWICE} Parameter: {self.names[i]!r}.") from None
         if complete:
             self.launch_ready_buckets()
+
+    def bucket_hook(self, b: int, p: torch.Tensor) -> None:
+        """Watched per bucket: the gradient observed to arrive last in bucket b was accumulated.
+        The bucket is complete when its buffer's version counter moved once per parameter
+        (autograd adds into each view in place), with any fresh gradients counted in."""
+        it = self.iteration
+        if it is None or it.versions is None:  # outside an iteration: a local gradient, as torch
+            return
+        if not it.marked_any and it.first_mark():
+            self._queue_finalize()
+        if not it.pending[b]:  # its watched gradient came twice (reentrant backwards)
+            raise RuntimeError(f"{MARKED_TWICE} Parameter: {self.names[self._watched(b)]!r}.")
+        if it.lost_track:
+            return
+        fresh, complete = self._arrived(it, b)
+        if not complete:
+            return self._lose_track(it)
+        it.bucket_arrived(b, fresh)
+        self.launch_ready_buckets()
+
+    def _watched(self, b: int) -> int:
+        """The parameter watched in bucket b."""
+        return self.layout.buckets[b].param_ids[-1]
+
+    def _arrived(self, it: Iteration, b: int) -> tuple[list[int], bool]:
+        """(bucket b's fresh gradients, whether every gradient of it arrived)."""
+        bucket = self.layout.buckets[b]
+        added = _compat.version_of(bucket.buffer) - it.versions[b]
+        size = len(bucket.param_ids)
+        if added == size:
+            return [], True
+        fresh = [i for i in bucket.param_ids if self.params[i].grad is not None
+                 and self.params[i].grad is not self.views[i]]
+        return fresh, added + len(fresh) == size
+
+    def _lose_track(self, it: Iteration) -> None:
+        it.lose_track()
+        self.lost_track = True  # per parameter from the next iteration on (_choose_hooks)
 
     def _rare_hook(self, it, i: int, p: torch.Tensor, grad, view) -> None:
         """Outside an iteration (a local gradient, as torch), a sparse or undefined gradient,
@@ -330,6 +392,8 @@ class Reducer:
             return
         if it.counting_hooks:  # torch's delay_all_reduce: every bucket now; later iterations count down
             self.static.learn(it.hook_counts)
+        if it.versions is not None:
+            self._take_watched_rest(it)
         self.iteration = None  # from here on a hook is outside any iteration
         self._reduce_rest_and_wait(it)
         grads.unpoint(self.params, it.take_unmarked_pointed())
@@ -339,6 +403,17 @@ class Reducer:
                            self.layout, self.params)
         if not self.rebuilt:  # after the wait's locals are gone, so the old buffers can go
             self.rebuild(it.ready_order)
+        self._choose_hooks()
+
+    def _take_watched_rest(self, it: Iteration) -> None:
+        """Watched per bucket, the backward's end: the buckets not out yet go now. One still
+        incomplete (a gradient that did not come) contributes zeros for it, and per-gradient
+        hooks take over from the next iteration (they name a parameter that stays unused)."""
+        for b in range(it.next_bucket, len(self.layout.buckets)):
+            fresh, complete = self._arrived(it, b)
+            if not complete:
+                self._lose_track(it)
+            it.bucket_arrived(b, fresh)
 
     def _reduce_rest_and_wait(self, it: Iteration) -> None:
         buckets = self.layout.buckets
