@@ -23,38 +23,42 @@ sparse gradient's reduced value.
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import torch
 
 from .. import _compat
 
+_GRAD = operator.attrgetter("grad")
+
 
 @torch.no_grad()
-def point_at_views(params: list[torch.Tensor], buckets, views) -> list[int]:
+def point_at_views(groups) -> list[int]:
     """Before a synchronised backward every dense `.grad` becomes its bucket view, so autograd
     accumulates straight into the bucket: one that is None is pointed at its zeroed view (a
     bucket whose every `.grad` is None is zeroed in one call), one held apart (no_sync()'s local
-    gradients) is moved in. Returns the parameters that were None."""
+    gradients) is moved in. `groups`: per dense bucket (bucket, its parameters, their views).
+    Returns the parameters that were None."""
     pointed = []
-    for bucket in buckets:
-        if bucket.sparse:
+    for bucket, ps, vs in groups:
+        held = list(map(_GRAD, ps))
+        if all(map(operator.is_, held, vs)):  # kept: autograd adds into the views already
             continue
-        ids = bucket.param_ids
-        held = [params[i].grad for i in ids]
-        none = [i for i, g in zip(ids, held) if g is None]  # (`is`: a tensor's == is an op)
-        if len(none) == len(ids):
+        if all(map(operator.is_, held, itertools.repeat(None))):  # zero_grad()'s default
             bucket.gradient_region.zero_()
-            for i in ids:
-                params[i].grad = views[i]
-            pointed += ids
+            list(map(setattr, ps, itertools.repeat("grad"), vs))
+            pointed += bucket.param_ids
             continue
+        none = [k for k, g in enumerate(held) if g is None]
         if none:
-            _compat.foreach_zero_([views[i] for i in none])
-        for i, g in zip(ids, held):
-            if g is None or g is not views[i]:
+            _compat.foreach_zero_([vs[k] for k in none])
+        for p, g, view in zip(ps, held, vs):
+            if g is not view:
                 if g is not None:
-                    views[i].copy_(g)
-                params[i].grad = views[i]
-        pointed += none
+                    view.copy_(g)
+                p.grad = view
+        pointed += [bucket.param_ids[k] for k in none]
     return pointed
 
 

@@ -87,6 +87,7 @@ class Reducer:
         self.hooks = hooks.GradHooks(params)  # per parameter, or watched per bucket (`watching`)
         self.watching = False
         self.lost_track = False  # a watched bucket was found incomplete: per parameter from then on
+        self.dense_groups: list = []  # per dense bucket (bucket, its parameters, their views)
         self.flags_view: torch.Tensor | None = None  # the layout's usage flags (minddp.engine.usage)
         self.iteration: Iteration | None = None  # between prepare_for_backward and finalize_backward
 
@@ -103,7 +104,7 @@ class Reducer:
         version = self.layout.version + 1 if self.layout is not None else 1
         for fn in self.rebuild_callbacks:  # e.g. a sharded optimizer drops its views of the old buffers
             fn(self.layout)
-        self.layout, self.views = None, ()
+        self.layout, self.views, self.dense_groups, self.flags_view = None, (), [], None
         self.reduction.bind(None)  # let each old buffer go once its last gradient has moved
         shards = self.reduction.pad_to
         me = dist.get_group_rank(self.group, dist.get_rank()) if shards > 1 else 0
@@ -116,6 +117,8 @@ class Reducer:
         self.bucket_sizes = [len(b.param_ids) for b in self.layout.buckets]
         self.views = self.layout.views
         self.flags_view = self.layout.flags(len(self.params))
+        self.dense_groups = [(b, [self.params[i] for i in b.param_ids], [self.views[i] for i in b.param_ids])
+                             for b in self.layout.buckets if not b.sparse]
         self.observer.layout_changed(len(self.layout.buckets))
 
     @property
@@ -178,7 +181,7 @@ class Reducer:
             raise RuntimeError(NOT_FINISHED)
         self.iterations += 1
         buckets = self.layout.buckets
-        pointed = grads.point_at_views(self.params, buckets, self.views) if self._accumulates_in_buckets else ()
+        pointed = grads.point_at_views(self.dense_groups) if self._accumulates_in_buckets else ()
         versions = [_compat.version_of(b.buffer) for b in buckets] if self.watching else None
         self.iteration = Iteration(self.bucket_of, self.bucket_sizes, self.static, grad_scale,
                                    record_order=not self.rebuilt, pointed=pointed, versions=versions)
