@@ -221,6 +221,8 @@ def output_tensors(output) -> list[torch.Tensor]:
 
     from torch.utils._pytree import tree_leaves
 
+    if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+        return [output]
     found = []
     for leaf in tree_leaves(output):
         if isinstance(leaf, torch.Tensor):

@@ -40,9 +40,11 @@ class Reduction:
 
     def __init__(self, comm: Communicator, params: list[torch.Tensor]):
         self.comm, self.params, self.layout = comm, params, None
+        self._flags = None
 
     def bind(self, layout) -> None:
         self.layout = layout
+        self._flags = layout.flags(len(self.params)) if layout is not None else None
 
     def replicas(self, module, ignored=frozenset()) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The tensors that hold the module's parameters, for the first broadcast: (flat buffers
@@ -80,7 +82,7 @@ class Reduction:
         return result.numel() * result.element_size()
 
     def usage_flags(self, n: int) -> torch.Tensor | None:
-        return self.layout.flags(n)
+        return self._flags  # (the layout's n flags, taken at bind)
 
     def launch_sparse(self, b: int, grad: torch.Tensor) -> Started:
         """A sparse gradient is its own bucket (torch's rule): divided by the world size, then

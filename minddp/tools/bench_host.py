@@ -1,6 +1,6 @@
 """Host cost where the host paces the step: minddp vs torch DDP on many small tensors.
 
-    torchrun --standalone --nproc_per_node=2 -m minddp bench-host [--repeats 5] [--out docs/bench_host.md]
+    torchrun --standalone --nproc_per_node=2 -m minddp bench-host [--repeats 9] [--out docs/bench_host.md]
 
 A GPT of tiny layers (32 wide, 1 head, a vocabulary of 64, one sequence of 8 tokens; 12, 48 and
 96 layers: 149, 581 and 1157 parameter tensors), SGD, one bucket (cap 25 MB), gloo ranks pinned
@@ -42,12 +42,12 @@ def host_model(layers: int) -> GPT:
 
 def main(argv=None) -> None:
     ap = tool_parser("bench-host", __doc__, argparse.RawTextHelpFormatter)
-    ap.add_argument("--repeats", type=positive_int, default=5)
-    ap.add_argument("--rounds", type=positive_int, default=6)
+    ap.add_argument("--repeats", type=positive_int, default=9)
+    ap.add_argument("--rounds", type=positive_int, default=8)
     ap.add_argument("--steps-per-round", type=positive_int, default=4)
     ap.add_argument("--layers", type=int_list(), default="12,48,96",
                     help="GPT depths (tensors: 12 per layer + 5)")
-    ap.add_argument("--hook-reps", type=positive_int, default=30)
+    ap.add_argument("--hook-reps", type=positive_int, default=100)
     ap.add_argument("--out", type=writable_out, default=None,
                     help="also write the report here: FILE.md and FILE.json")
     args = ap.parse_args(argv)
