@@ -217,12 +217,12 @@ def warn_once(key: str, message: str) -> None:
 def output_tensors(output) -> list[torch.Tensor]:
     """The tensors in a module's output (nested tuples, lists, dicts, dataclasses torch's pytree
     knows), as torch DDP finds them after its forward."""
+    if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+        return [output]
     import dataclasses
 
     from torch.utils._pytree import tree_leaves
 
-    if isinstance(output, torch.Tensor):  # the common case, without a tree walk
-        return [output]
     found = []
     for leaf in tree_leaves(output):
         if isinstance(leaf, torch.Tensor):

@@ -90,6 +90,9 @@ class DistributedDataParallel(PublicAPI, nn.Module):
         self.uneven: _join.Join | None = None  # inside join(): who still trains, this iteration's scale
         # torch's name: what _set_params_and_buffers_to_ignore_for_model left out
         self.parameters_to_ignore = checks.ignored_names(module)
+        # torch's will_sync_module_buffers: the buffers are re-read at each forward only while the
+        # last read found some (a model without buffers is never walked)
+        self.has_module_buffers = bool(self.module_buffers)
         named = [(n, p) for n, p in module.named_parameters()
                  if p.requires_grad and n not in self.parameters_to_ignore]
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
@@ -155,13 +158,16 @@ class DistributedDataParallel(PublicAPI, nn.Module):
             hooks.retired_error()
         self.usage.check()  # the last backwards' usage flags, once landed (minddp.engine.usage)
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        bcast = self.require_forward_param_sync and self.forward_sync_buffers and self.world_size > 1
+        bcast = (self.require_forward_param_sync and self.forward_sync_buffers and self.world_size > 1
+                 and self.has_module_buffers)
         src, grad_scale = self.src_rank, None
         if self.uneven is not None:  # tell the ranks that ran out of data what this iteration does
             src = self.uneven.on_forward(sync, bcast)
             grad_scale = self.uneven.grad_scale()
         if bcast:
-            replicas.broadcast_buffers(self.module_buffers, self.process_group, src)
+            buffers = self.module_buffers
+            self.has_module_buffers = bool(buffers)
+            replicas.broadcast_buffers(buffers, self.process_group, src)
         output = self._run_module(args, kwargs)
         self._post_forward(output, grad_scale)
         return output

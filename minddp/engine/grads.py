@@ -33,7 +33,6 @@ from .. import _compat
 _GRAD = operator.attrgetter("grad")
 
 
-@torch.no_grad()
 def point_at_views(groups) -> list[int]:
     """Before a synchronised backward every dense `.grad` becomes its bucket view, so autograd
     accumulates straight into the bucket: one that is None is pointed at its zeroed view (a
@@ -50,16 +49,22 @@ def point_at_views(groups) -> list[int]:
             list(map(setattr, ps, itertools.repeat("grad"), vs))
             pointed += bucket.param_ids
             continue
-        none = [k for k, g in enumerate(held) if g is None]
-        if none:
-            _compat.foreach_zero_([vs[k] for k in none])
-        for p, g, view in zip(ps, held, vs):
-            if g is not view:
-                if g is not None:
-                    view.copy_(g)
-                p.grad = view
-        pointed += [bucket.param_ids[k] for k in none]
+        pointed += _move_in(bucket, ps, held, vs)
     return pointed
+
+
+@torch.no_grad()  # (a gradient of create_graph=True carries a graph: the copy must not join it)
+def _move_in(bucket, ps, held, vs) -> list[int]:
+    """A bucket of mixed `.grad`s: None ones pointed at zeroed views, held ones copied into theirs."""
+    none = [k for k, g in enumerate(held) if g is None]
+    if none:
+        _compat.foreach_zero_([vs[k] for k in none])
+    for p, g, view in zip(ps, held, vs):
+        if g is not view:
+            if g is not None:
+                view.copy_(g)
+            p.grad = view
+    return [bucket.param_ids[k] for k in none]
 
 
 def unpoint(params: list[torch.Tensor], ids: list[int]) -> None:
