@@ -3,22 +3,29 @@ phase (the only place it is told):
 
 1. forward, `ddp.py`: broadcast the buffers (when torch would); run the module; then, if grad
    is enabled outside `no_sync()`, `reducer.prepare_for_backward(output)` starts an `Iteration`
-   (`iteration.py`: one backward's state, and the only code that changes it) and puts a prehook
-   on the output's autograd nodes: the backward of *this* graph ends the iteration.
-2. mark ready, `reducer.py` (`autograd_hook`, from a post-accumulate-grad hook, `hooks.py`):
-   autograd accumulated the gradient; if it is fresh (`.grad` was None: a tensor of its own)
-   the iteration only notes it; `Iteration.mark_ready` counts the bucket down.
+   (`iteration.py`: one backward's state, and the only code that changes it), makes every
+   `.grad` its bucket view (`grads.py`: None pointed at the zeroed view, a no_sync() gradient
+   moved in; autograd then adds into the bucket) and puts a prehook on the output's autograd
+   nodes: the backward of *this* graph ends the iteration.
+2. mark ready, `reducer.py`, from post-accumulate-grad hooks (`hooks.py`): in the first
+   iteration (and where the rules need each gradient: static_graph, find_unused_parameters,
+   sparse, mixed precision, a graph whose order changes) one per parameter, `autograd_hook`,
+   `Iteration.mark_ready` counting its bucket down; from then on one per bucket, on the
+   gradient observed to arrive last, `bucket_hook`: the bucket's buffer version counter says
+   whether every gradient of it arrived (each in-place add moves it by one).
 3. launch in order, `reducer.py` (`launch_ready_buckets`): bucket b goes out once it and every
-   bucket before it are complete, strictly in index order on every rank. Its fresh gradients
-   land in it with one `torch._foreach_copy_` and `.grad` becomes the view (`grads.py`, the
-   only writer of `.grad`); the reduction starts it (`reductions.py`: all-reduce, 16-bit, comm
-   hook, ZeRO-1's reduce-scatter; `communicator.py`: the 1/n scaling of the whole bucket and
-   the backend's or a hand-written all-reduce).
+   bucket before it are complete, strictly in index order on every rank. Gradients that came as
+   tensors of their own (`.grad` set to None after the forward) land in it with one
+   `torch._foreach_copy_` and `.grad` becomes the view (`grads.py`, the only writer of
+   `.grad`); the reduction starts it (`reductions.py`: all-reduce, 16-bit, comm hook, ZeRO-1's
+   reduce-scatter; `communicator.py`: the 1/n scaling of the whole bucket and the backend's or
+   a hand-written all-reduce).
 4. finalize, `reducer.py` (`finalize_backward`, queued once on the autograd engine): launch
    what is left (unused parameters' buckets, `overlap=False`, a static graph's first
    iteration), wait for every bucket in order, write back what `.grad` must hold (`grads.py`),
    send the usage flags home without a wait (`usage.py`), drop the iteration. After the first
-   iteration the buckets are rebuilt once in rank 0's observed gradient-ready order (`buckets.py`).
+   iteration the buckets are rebuilt once in rank 0's observed gradient-ready order (`buckets.py`)
+   and the hooks chosen (`Reducer._choose_hooks`).
 
 Beside the iteration, each a seam the reducer calls through its public methods:
 

@@ -3,10 +3,13 @@
 mark_variable_ready, launch_ready_buckets, finalize_backward. It creates and drops each
 `Iteration` (minddp.engine.iteration), which holds and changes that backward's state.
 
-The default iteration (no unused parameters, no static graph, no sparse gradients) does a handful
-of list operations per gradient; everything else is decided per bucket at launch, or once per
-layout. The rare cases take `_rare_hook`: a hook outside an iteration, an undefined or sparse
-gradient, static_graph's counted hooks. torch's rules, each applied where it is written:
+The default iteration (no unused parameters, no static graph, no sparse gradients) runs no Python
+per gradient: every `.grad` is its bucket view when the backward starts, autograd adds into it,
+and from the second iteration one hook per bucket (`bucket_hook`, on the gradient observed to
+arrive last) checks the bucket's buffer version counter. The first iteration, and whatever needs
+each gradient seen, hooks every parameter (`autograd_hook`, a handful of list operations each);
+the rare cases take `_rare_hook`: a hook outside an iteration, an undefined or sparse gradient,
+static_graph's counted hooks. torch's rules, each applied where it is written:
 - only a synchronised forward (grad enabled, outside `no_sync()`) starts an iteration; a hook
   outside one (no_sync, a backward through the plain module, a second backward of a retained
   graph) just leaves the local gradient in .grad;
