@@ -1,9 +1,10 @@
-"""Old import paths, kept for one release (0.4.0 moved the modules into folders; README "What
-moved"): `import minddp.ddp` or `from minddp.zero import ShardedOptimizer` is the module at its
-new home (the same module object, so patching one patches the other), with a DeprecationWarning.
-A module whose names went to several homes (a tuple in MOVED) is one new module holding them
-all, the first home's winning. A package that took an old module's name (`minddp.optim`,
-`minddp.train.checkpoint`, `.data`, `.resume`) re-exports what the module held instead.
+"""Old import paths, kept for one release (0.4.0 moved the modules into folders; since 0.6.0 the
+model left the trainer; README "What moved"): `import minddp.ddp` or `from minddp.zero import
+ShardedOptimizer` is the module at its new home (the same module object, so patching one patches
+the other), with a DeprecationWarning. A module whose names went to several homes (a tuple in
+MOVED) is one new module holding them all, the first home's winning. A package that took an old
+module's name (`minddp.optim`, `minddp.train.checkpoint`, `.data`, `.resume`) re-exports what the
+module held instead.
 """
 
 from __future__ import annotations
@@ -31,11 +32,16 @@ MOVED = {
     "train.consistency": "train.safety.consistency", "train.resume_check": "train.resume.check",
     "train.state": "train.checkpoint.state", "train.tokens": "train.data.tokens",
     "train.integrity": ("train.checkpoint.integrity", "train.data.fingerprint"),
-    "train.atomic": "train.io.atomic", "train.safe_pickle": "train.io.safe_pickle",
+    "train.atomic": "io.atomic", "train.safe_pickle": "io.safe_pickle",
     "train.tracking": "train.metrics.tracking", "train.identity": "train.metrics.identity",
     "train.summary": "train.metrics.summary", "train.straggler": "train.metrics.straggler",
     "train.steptrace": "train.metrics.steptrace", "train.flops": "train.metrics.flops",
     "train.flight_recorder": "train.metrics.flight_recorder",
+    # the model apart from its training; text -> token files and text from a run: the tools'
+    "train.model": "model.gpt", "train.hf_gpt2": "model.hf_gpt2",
+    "train.generate": "tools.sample", "train.data.prepare": "tools.prepare",
+    # files written and read safely, for every layer
+    "train.io.atomic": "io.atomic", "train.io.safe_pickle": "io.safe_pickle",
 }
 
 

@@ -136,3 +136,23 @@ class MLP(nn.Module):
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def generate(model, ids: list[int], tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             block_size: int = 128, vocab: int | None = None) -> list[int]:
+    """`tokens` ids after the prompt (nanoGPT's GPT.generate: temperature, top-k; 0: greedy);
+    `vocab`: only ids below it (those the tokenizer decodes)."""
+    x = torch.tensor([ids or [0]], dtype=torch.long)
+    for _ in range(tokens):
+        logits = model(x[:, -block_size:])[:, -1, :vocab].float()
+        if temperature <= 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits[logits < kth] = -float("inf")
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1)
+        x = torch.cat([x, nxt], dim=1)
+    return x[0, len(ids or [0]):].tolist()

@@ -13,10 +13,15 @@ layout); it is read and written here with `safetensors` alone (transformers is n
 GELU: model.activation=gelu is torch's exact GELU (config.json "gelu"); gelu_tanh is its tanh
 approximation, GPT-2's own ("gelu_new"; gelu_pytorch_tanh and gelu_fast are read as it too).
 A model without biases (model.bias=false) is written with zero biases: the same function.
+
+model.init_from=<folder>: the model's sizes default to the folder's (`folder_default`, the
+`minddp.init_from` resolver) and are checked against it before anything is built
+(`init_from_problems`); the trainer reads the weights in (minddp/train/init_from.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -25,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .io.atomic import umask
+from ..io.atomic import umask
 
 TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 FROM_HF_ACTIVATION = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
@@ -173,6 +178,60 @@ def architecture(config: dict) -> dict:
             "n_embd": config.get("n_embd", 768), "block_size": config.get("n_positions", 1024),
             "vocab_size": config.get("vocab_size", 50_257), "bias": True,
             "activation": FROM_HF_ACTIVATION.get(config.get("activation_function", "gelu_new"), "gelu")}
+
+
+# --------------------------------------------------- model.init_from's folder, before a build
+CHECKED = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "activation")  # must equal the folder's
+
+
+def folder_default(path, key: str, fallback):
+    """The `minddp.init_from` resolver: the folder's value of model.<key>, or `fallback` without
+    a folder. Never raises: a folder that cannot be used is refused by `init_from_problems`, naming
+    why."""
+    if not path:
+        return fallback
+    try:
+        return architecture(folder_config(path))[key]
+    except ConfigError:
+        return fallback
+
+
+def folder_config(path) -> dict:
+    """read_config, once per version of the file (the resolver runs at every access of a size)."""
+    file = Path(path) / CONFIG
+    return _read(str(path), file.stat().st_mtime_ns if file.is_file() else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, _mtime_ns) -> dict:
+    return read_config(path)
+
+
+def init_from_problems(m) -> list[str]:
+    """One line (at most) on a model config whose init_from folder cannot be used or does not
+    fit the sizes this run sets. No process group: the trainer agrees on it across ranks."""
+    path = m.get("init_from") if m.name == "gpt" else None
+    if not path:
+        return []
+    where = f"model.init_from={path}"
+    try:
+        config = folder_config(path)
+    except ConfigError as e:
+        return [f"{where}: {e}"]
+    if bad := unsupported(config):
+        return [f"{where} is a GPT-2 minddp's GPT cannot compute: {'; '.join(bad)}"]
+    arch = architecture(config)
+    differ = [k for k in CHECKED if m[k] is not None and str(m[k]) != str(arch[k])]
+    if differ:
+        theirs = ", ".join(f"{k}={arch[k]}" for k in CHECKED)
+        ours = " ".join(f"model.{k}={m[k]}" for k in differ)
+        return [f"{where} is a GPT-2 with {theirs} (its config.json), but this run sets {ours}: drop "
+                f"{'that setting' if len(differ) == 1 else 'those settings'} (with init_from the model's "
+                "sizes are the folder's) or start from another folder"]
+    if m.block_size > arch["block_size"]:
+        return [f"{where} has {arch['block_size']} positions (config.json's n_positions), fewer than "
+                f"model.block_size={m.block_size}: set model.block_size <= {arch['block_size']}"]
+    return []
 
 
 def read_weights(folder) -> dict:

@@ -40,9 +40,9 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..model.gpt import GPT, num_params
 from ..perf.engine_bench import cap_sweep, compile_section, exposed_gather, optimizer_section
 from ..perf.engine_cost import per_bucket_cost
-from ..train.model import GPT, num_params
 from . import render
 from .arguments import float_list, nonnegative_float, positive_float, positive_int, tool_parser, writable_out
 from .cli import ranks_phrase, start

@@ -44,9 +44,9 @@ def worker(config: str, model_name: str, steps: int, out: str) -> None:
     import torch.distributed as dist
     import torch.distributed.optim  # noqa: F401  every module any configuration uses, before
 
+    from ..model.gpt import GPT, GPTConfig
     from ..optim.zero import ShardedOptimizer  # noqa: F401
     from ..parallel.dist import exit_worker
-    from ..train.model import GPT, GPTConfig
     from .cli import start  # all imported before the baseline: code, not the configuration's
 
     mem.warm_up_optimizer()

@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
+from ..model.build import build_model
 from ..parallel.dist import exit_worker
 from ..perf.clock import Clock, timed_methods
 from ..perf.loops import HandLoop, compare
-from ..train.build import build_model
 from ..train.config import register
 from ..train.trainer import Trainer
 from . import render

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from ..io import safe_pickle
 from ..perf.flight import DumpError, analyze
-from ..train.io import safe_pickle
 from .arguments import existing_dir, tool_parser
 
 

@@ -26,10 +26,10 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..train import hf_gpt2
+from ..model import hf_gpt2
 from ..train.checkpoint import all_checkpoints, format_of, is_checkpoint_folder
-from ..train.generate import SampleError, read_checkpoint
 from .arguments import tool_parser
+from .sample import SampleError, read_checkpoint
 
 TORCH_FILE = "checkpoint.pt"
 

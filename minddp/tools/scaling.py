@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 from ..engine.buckets import TensorSpec
+from ..model.gpt import GPT, GPTConfig
 from ..perf import study
 from ..perf.costmodel import DEFAULT_CALIBRATION, PRESETS
 from ..perf.plot import pyplot
 from ..perf.study import STUDY_GPT
 from ..perf.workload import STUDY_BATCH
-from ..train.model import GPT, GPTConfig
 from . import render
 from .arguments import (
     calibration_file,

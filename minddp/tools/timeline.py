@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from ..engine.ddp import DistributedDataParallel
+from ..model.gpt import GPT
 from ..perf.clock import after_warmup
 from ..perf.engine_bench import phases, step, step_then_next
 from ..train.metrics.steptrace import StepTrace, chrome_trace, gather, render, write  # noqa: F401
-from ..train.model import GPT
 from .arguments import positive_float, tool_parser, writable_out
 from .cli import start
 from .workload import add_gpt_size, bench_gpt, compiled, lm_loss, parse_gpt_size

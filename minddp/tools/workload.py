@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..model.gpt import GPT, GPTConfig
 from ..perf.workload import GPT_PRESETS, STUDY, STUDY_BATCH, compiled, lm_loss, overrides  # noqa: F401
-from ..train.model import GPT, GPTConfig
 from .arguments import positive_int
 
 

@@ -3,11 +3,11 @@
     trainer.py      the loop, read top to bottom: setup, fit, run_step (a step and what follows
                     it), train_step (one optimizer step), log
     config.py       the schema (typed dataclasses) and the checks before any process group
-    model.py        GPT and MLP;  build.py: the model, the optimizer, the LR schedule from the config
+    build.py        the model (minddp.model's), compiled as configured; the optimizer, the LR schedule
+    init_from.py    model.init_from: a fresh run from a Hugging Face GPT-2 folder
     evaluate.py     the exact validation loss over any number of data-parallel ranks
-    generate.py     text from a checkpoint (`minddp sample`)
     data/           what a run trains on: token files, text, synthetic; the batches; the data's
-                    fingerprint; text -> token files (`minddp prepare`)
+                    fingerprint
     checkpoint/     checkpoint files, their integrity, which one a run resumes from
     resume/         what a checkpoint holds of a run and how it comes back; what may change on
                     resume; the command that continues a run
@@ -16,6 +16,9 @@
     metrics/        metrics.jsonl and W&B, the run's identity, throughput and MFU, the slowest
                     rank, a traced step, torch's flight recorder
     io/             atomic file writes; pickles read without running code
+
+The model itself (GPT, MLP, Hugging Face conversion, sampling) is minddp/model/; text -> token
+files and text from a run are the tools' (`minddp prepare`, `minddp sample`).
 
 Helpers take what they touch (a model, an optimizer, a step), never the Trainer. Importing
 this package imports nothing: `from minddp.train.trainer import Trainer` starts the trainer.

@@ -23,7 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from ..errors import ConfigError
-from .model import GPTConfig, MLPConfig
+from ..model.gpt import GPTConfig, MLPConfig
 
 _PROCESS_START = datetime.now()
 
@@ -234,7 +234,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("minddp.run_dir"):
         OmegaConf.register_new_resolver("minddp.run_dir", default_run_dir)
     if not OmegaConf.has_resolver("minddp.init_from"):  # model.* sizes from model.init_from's folder
-        from .init_from import folder_default
+        from ..model.hf_gpt2 import folder_default
 
         OmegaConf.register_new_resolver("minddp.init_from", folder_default)
 
@@ -406,8 +406,8 @@ def _data_problems(cfg):
 def _setting_problems(cfg):
     """Every check that needs no process: each yields one line that names the fix."""
     from ..engine.checks import option_problems
-    from .build import size_problem
-    from .init_from import problems as init_from_problems
+    from ..model.build import size_problem
+    from ..model.hf_gpt2 import init_from_problems
 
     t, d, o, m, data = cfg.train, cfg.ddp, cfg.optim, cfg.model, cfg.data
     yield from option_problems(d.reduce_op, d.compress, d.bucket_cap_mb, d.shard_optimizer, d.algorithm,

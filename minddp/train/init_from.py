@@ -1,81 +1,31 @@
-"""model.init_from=<folder>: a fresh run starts from a GPT-2's weights (fine-tuning), read from
-a Hugging Face save_pretrained folder (config.json + model.safetensors; hf_gpt2.py converts).
+"""model.init_from=<folder>: a fresh run starts from a GPT-2's weights (fine-tuning), read from a
+Hugging Face save_pretrained folder (config.json + model.safetensors; minddp/model/hf_gpt2.py
+converts).
 
 The architecture comes from the folder, as nanoGPT's init_from=gpt2 takes it from the
 checkpoint: conf/model/gpt.yaml's sizes (n_layer, n_head, n_embd, block_size, vocab_size, bias,
 activation) default to the folder's config.json through the `minddp.init_from` resolver, so
 `model.init_from=path/to/gpt2` alone builds that GPT-2. A size set on the command line is
-checked against the folder (`problems`): the same value, or one line naming the fix. block_size
-may be smaller than the folder's n_positions: the position table is cut (nanoGPT's
-crop_block_size). model.dropout stays this run's. A resumed run takes its checkpoint instead.
-Every rank reads the folder itself (a shared filesystem, as for the data) and takes its tp part.
+checked against the folder (`hf_gpt2.init_from_problems`): the same value, or one line naming
+the fix. block_size may be smaller than the folder's n_positions: the position table is cut
+(nanoGPT's crop_block_size). model.dropout stays this run's. A resumed run takes its checkpoint
+instead. Every rank reads the folder itself (a shared filesystem, as for the data) and takes its
+tp part (`load_agreed`, here).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ..model import hf_gpt2
+from ..model.build import build_model
 from ..parallel import tensor_parallel as tp
-from . import hf_gpt2
-from .build import build_model
 from .data.tokens import init_from_fix
 from .safety.together import together
 
 log = logging.getLogger("minddp")
-CHECKED = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "activation")  # must equal the folder's
-
-
-def folder_default(path, key: str, fallback):
-    """The `minddp.init_from` resolver: the folder's value of model.<key>, or `fallback` without
-    a folder. Never raises: a folder that cannot be used is refused by `problems`, naming why."""
-    if not path:
-        return fallback
-    try:
-        return hf_gpt2.architecture(_config(path))[key]
-    except ConfigError:
-        return fallback
-
-
-def _config(path) -> dict:
-    file = Path(path) / hf_gpt2.CONFIG
-    return _read(str(path), file.stat().st_mtime_ns if file.is_file() else None)
-
-
-@functools.lru_cache(maxsize=8)
-def _read(path: str, _mtime_ns) -> dict:  # the resolver runs at every access of a size
-    return hf_gpt2.read_config(path)
-
-
-def problems(m) -> list[str]:
-    """One line (at most) on a model config whose init_from folder cannot be used or does not
-    fit the sizes this run sets. No process group: Trainer.setup agrees on it across ranks."""
-    path = m.get("init_from") if m.name == "gpt" else None
-    if not path:
-        return []
-    where = f"model.init_from={path}"
-    try:
-        config = _config(path)
-    except ConfigError as e:
-        return [f"{where}: {e}"]
-    if bad := hf_gpt2.unsupported(config):
-        return [f"{where} is a GPT-2 minddp's GPT cannot compute: {'; '.join(bad)}"]
-    arch = hf_gpt2.architecture(config)
-    differ = [k for k in CHECKED if m[k] is not None and str(m[k]) != str(arch[k])]
-    if differ:
-        theirs = ", ".join(f"{k}={arch[k]}" for k in CHECKED)
-        ours = " ".join(f"model.{k}={m[k]}" for k in differ)
-        return [f"{where} is a GPT-2 with {theirs} (its config.json), but this run sets {ours}: drop "
-                f"{'that setting' if len(differ) == 1 else 'those settings'} (with init_from the model's "
-                "sizes are the folder's) or start from another folder"]
-    if m.block_size > arch["block_size"]:
-        return [f"{where} has {arch['block_size']} positions (config.json's n_positions), fewer than "
-                f"model.block_size={m.block_size}: set model.block_size <= {arch['block_size']}"]
-    return []
 
 
 def load_agreed(model, m, vocab_size: int, mesh) -> None:
@@ -87,7 +37,7 @@ def load_agreed(model, m, vocab_size: int, mesh) -> None:
     except Exception as e:  # noqa: BLE001 - raised on every rank by together
         error = e
     together(error)
-    activation = _config(m.init_from).get("activation_function", "gelu_new")
+    activation = hf_gpt2.folder_config(m.init_from).get("activation_function", "gelu_new")
     log.info(f"model.init_from: the weights of {m.init_from} ({m.n_layer} layers, activation_function "
              f"{activation} = model.activation={m.activation}, block_size {m.block_size})")
 

@@ -31,17 +31,18 @@ from .. import _compat
 from ..engine import transfer
 from ..engine.ddp import DistributedDataParallel
 from ..errors import ConfigError
+from ..io.atomic import atomic_write
+from ..model.build import build_model
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
-from .build import build_model, build_optimizer, compile_model, lr_factor
+from .build import build_optimizer, compile_model, lr_factor
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.state import RunState
 from .config import validate
 from .data import ShardedBatches, load_data_agreed, record_in_config
 from .evaluate import evaluate
 from .io import lock
-from .io.atomic import atomic_write
 from .metrics import flight_recorder, flops, steptrace
 from .metrics import identity as ident_
 from .metrics.probe import StepProbe

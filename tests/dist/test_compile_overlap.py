@@ -19,7 +19,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils.checkpoint import checkpoint
 
 import minddp
-from minddp.train.model import GPT, GPTConfig
+from minddp.model.gpt import GPT, GPTConfig
 from tests import launch
 
 pytestmark = pytest.mark.slow  # compiles on forked ranks: ~10 s a case on 2 idle cores

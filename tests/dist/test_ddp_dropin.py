@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 import minddp
-from minddp.train.model import GPT, GPTConfig
+from minddp.model.gpt import GPT, GPTConfig
 from tests import launch
 from tests.models import MLP, assert_same_params, batch, params_of, shard
 

@@ -10,8 +10,8 @@ from torch.nn import functional as F
 from torch.testing import assert_close
 
 import minddp
+from minddp.model.gpt import GPT, GPTConfig
 from minddp.parallel import tensor_parallel as tp
-from minddp.train.model import GPT, GPTConfig
 from tests import launch
 
 

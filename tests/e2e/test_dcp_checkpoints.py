@@ -174,7 +174,7 @@ def test_a_background_save_needs_the_folder_format(tmp_path):
 def test_a_folder_is_a_checkpoint_path_for_resume_and_sample(saved_run, tmp_path):
     """train.resume=<run>/checkpoints/ckpt_<step> is that checkpoint (not a run dir to continue),
     and `minddp sample` reads it as it reads a file."""
-    from minddp.train.generate import read_checkpoint
+    from minddp.tools.sample import read_checkpoint
 
     folder = checkpoint.all_checkpoints(saved_run)[1]
     assert checkpoint.resume_run_dir(str(folder)) is None

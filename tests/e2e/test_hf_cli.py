@@ -5,9 +5,9 @@ from that model's loss, and `minddp export` of it loads in transformers with the
 import pytest
 import torch
 
+from minddp.tools.sample import load as load_run
 from minddp.train.data import ShardedBatches
 from minddp.train.data.sources import load_data
-from minddp.train.generate import load as load_run
 from tests import hf_models
 from tests.conftest import compose_config, metrics
 from tests.launch import command, run_train

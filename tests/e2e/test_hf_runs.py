@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from minddp.tools import export
+from minddp.tools.sample import load as load_run
 from minddp.train import checkpoint
-from minddp.train.generate import load as load_run
 from tests import hf_models
 from tests.conftest import main_exit
 

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from minddp.tools import prepare as prep
-from minddp.train.data import prepare as pipeline
 from tests.conftest import main_exit
 from tests.files import hidden_leftovers
 
@@ -53,7 +52,7 @@ def test_a_killed_prepares_temporary_is_removed_by_the_next_one(tmp_path, capsys
     p.wait(timeout=30)
     stale = hidden_leftovers(tmp_path)
     assert len(stale) == 1 and f"-{p.pid}-" in stale[0], stale
-    running = tmp_path / pipeline._temp_prefix(out, "prepare").rstrip("-")  # this process: alive
+    running = tmp_path / prep._temp_prefix(out, "prepare").rstrip("-")  # this process: alive
     running.mkdir()
     code, err = main_exit(prep.main, capsys, corpus, "--out", out)
     assert code == 0, err

@@ -53,7 +53,7 @@ def test_sizes_that_cannot_be_built_are_refused_with_the_number(overrides, messa
 def test_the_size_check_counts_the_parameters_the_model_has_and_guards_the_data_vocabulary():
     import torch
 
-    from minddp.train.build import build_model, parameter_count
+    from minddp.model.build import build_model, parameter_count
 
     shapes = [(), ("model.bias=false", "model.n_layer=3"), ("model=mlp",), ("model=mlp", "model.n_layer=1")]
     for overrides in shapes:

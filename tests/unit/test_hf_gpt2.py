@@ -1,5 +1,5 @@
-"""GPT-2 in Hugging Face's layout both ways (minddp/train/hf_gpt2.py) and model.init_from's
-checks of a folder (minddp/train/init_from.py), against `transformers` itself: a small GPT-2
+"""GPT-2 in Hugging Face's layout both ways (minddp/model/hf_gpt2.py) and model.init_from's
+checks of a folder (hf_gpt2.init_from_problems), against `transformers` itself: a small GPT-2
 made and saved here (no Hub), loaded with GPT2LMHeadModel.from_pretrained."""
 
 import json
@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minddp.errors import ConfigError
-from minddp.train import hf_gpt2, init_from
+from minddp.model import hf_gpt2
+from minddp.model.gpt import GPT, GPTConfig
 from minddp.train.config import register, validate
-from minddp.train.model import GPT, GPTConfig
 from tests import hf_models
 from tests.conftest import compose_config
 
@@ -121,15 +121,15 @@ def _config(folder, **changes):
 def test_a_folder_minddps_gpt_cannot_compute_is_one_line(tmp_path, changes, message):
     hf_models.saved(tmp_path / "gpt2")
     _config(tmp_path / "gpt2", **changes)
-    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
+    [line] = hf_gpt2.init_from_problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
     assert message in line and "\n" not in line
 
 
 def test_a_missing_folder_or_config_is_one_line(tmp_path):
-    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'x'}").model)
+    [line] = hf_gpt2.init_from_problems(compose_config(f"model.init_from={tmp_path / 'x'}").model)
     assert "is not a folder" in line
     (tmp_path / "empty").mkdir()
-    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'empty'}").model)
+    [line] = hf_gpt2.init_from_problems(compose_config(f"model.init_from={tmp_path / 'empty'}").model)
     assert "has no config.json" in line and "save_pretrained" in line
 
 
@@ -163,7 +163,7 @@ def test_the_sizes_default_to_the_folders(tmp_path):
     m = compose_config(f"model.init_from={tmp_path / 'gpt2'}").model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.bias, m.activation) == \
         (2, 4, 32, 32, 64, True, "gelu_tanh")
-    assert init_from.problems(m) == []
+    assert hf_gpt2.init_from_problems(m) == []
     plain = compose_config().model  # without init_from: minddp's own defaults, unchanged
     assert (plain.n_layer, plain.n_embd, plain.block_size, plain.vocab_size, plain.activation) == \
         (4, 128, 128, None, "gelu")
@@ -209,7 +209,7 @@ def test_a_size_in_config_json_that_is_not_a_positive_integer_is_one_line(tmp_pa
 def test_an_activation_that_is_not_a_name_is_one_line(tmp_path):
     hf_models.saved(tmp_path / "gpt2")
     _config(tmp_path / "gpt2", activation_function=["gelu"])
-    [line] = init_from.problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
+    [line] = hf_gpt2.init_from_problems(compose_config(f"model.init_from={tmp_path / 'gpt2'}").model)
     assert "activation_function=['gelu'] (a name)" in line
 
 
@@ -228,7 +228,7 @@ def test_a_config_json_that_is_not_a_small_regular_file_is_one_line(tmp_path, ki
         config.unlink()
         {"fifo": lambda: os.mkfifo(config), "/dev/zero": lambda: config.symlink_to("/dev/zero"),
          "folder": config.mkdir}[kind]()
-    [line] = init_from.problems(compose_config(f"model.init_from={folder}").model)
+    [line] = hf_gpt2.init_from_problems(compose_config(f"model.init_from={folder}").model)
     assert "config.json cannot be read (" in line, line
     assert ("larger than 1024 KiB" if kind == "too large" else "not a regular file") in line
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from minddp.tools import prepare as prep
-from minddp.train.data import prepare as pipeline
 from tests.conftest import main_exit
 from tests.files import hidden_leftovers
 
@@ -39,7 +38,7 @@ def test_a_failed_run_leaves_the_old_output_untouched(tmp_path, corpus, capsys, 
                 raise OSError(errno.ENOSPC, "No space left on device", str(out / "val.bin"))
             return np.asarray(*a, **k)
 
-    monkeypatch.setattr(pipeline, "np", DiskFullAfterOneWrite())
+    monkeypatch.setattr(prep, "np", DiskFullAfterOneWrite())
     code, err = main_exit(prep.main, capsys, corpus, "--out", out)
     assert code == 1 and "No space left on device" in err and f"{out} is unchanged" in err, err
     assert files_of(out) == before
@@ -121,7 +120,7 @@ def test_bpe_splits_a_one_line_corpus_between_words(tmp_path, capsys):
 def test_text_pieces_are_bounded_and_lossless():
     data = ("ab cd " * 1000 + "x" * 5000 + "é" * 3000).encode()
     chunks = [data[i : i + 700] for i in range(0, len(data), 700)]
-    pieces = list(pipeline.text_pieces(chunks, limit=1000))
+    pieces = list(prep.text_pieces(chunks, limit=1000))
     assert "".join(pieces).encode() == data
     assert max(len(p.encode()) for p in pieces) <= 1000 and "\ufffd" not in "".join(pieces)
 

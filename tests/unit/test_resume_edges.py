@@ -12,11 +12,12 @@ import torch
 from omegaconf import OmegaConf
 
 from minddp.errors import ConfigError
+from minddp.io import atomic
+from minddp.model.build import build_model
 from minddp.train import checkpoint, resume
-from minddp.train.build import build_model, build_optimizer
+from minddp.train.build import build_optimizer
 from minddp.train.checkpoint import integrity
 from minddp.train.config import default_run_dir, register
-from minddp.train.io import atomic
 from tests.conftest import SMALL, compose_config
 from tests.files import corrupt, save_file
 

@@ -9,9 +9,8 @@ import pickle
 import pytest
 import torch
 
+from minddp.model.build import build_model
 from minddp.tools import sample
-from minddp.train import generate
-from minddp.train.build import build_model
 
 MODEL = {"name": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "dropout": 0.0,
          "bias": True}
@@ -21,7 +20,7 @@ def fake_run(run_dir, data_dir, vocab):
     """A run directory with one checkpoint of a tiny untrained GPT, as the trainer saves it."""
     cfg = {"model": {**MODEL, "vocab_size": vocab}, "data": {"name": "tokens", "dir": str(data_dir)}}
     torch.manual_seed(0)
-    model = build_model(generate._Cfg(cfg["model"]), vocab)
+    model = build_model(sample._Cfg(cfg["model"]), vocab)
     (run_dir / "checkpoints").mkdir(parents=True)
     torch.save({"model": model.state_dict(), "optimizer": {}, "scheduler": {}, "step": 1, "config": cfg},
                run_dir / "checkpoints" / "ckpt_00000001.pt")

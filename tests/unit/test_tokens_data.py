@@ -94,7 +94,7 @@ def test_prepare_bad_input_is_a_clear_error(tmp_path, capsys, setup, message):
 
 
 def test_prepare_refuses_a_vocabulary_that_fits_no_dtype(tmp_path):
-    from minddp.train.data.prepare import PrepareError, dtype_for
+    from minddp.tools.prepare import PrepareError, dtype_for
 
     with pytest.raises(PrepareError, match="does not fit uint32"):
         dtype_for(2**33)

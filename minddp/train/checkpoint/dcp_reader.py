@@ -5,9 +5,9 @@ torch's `FileSystemReader.read_metadata` opens `.metadata` with a plain `pickle.
 folder's integrity.json is a CRC list anyone can recompute: a planted `ckpt_<step>/` would run
 its payload on load. torch's `weights_only` unpickler cannot read the file either (DCP pickles
 with protocol 4: FRAME, STACK_GLOBAL, MEMOIZE, which it does not implement), so `SafeReader`
-reads it with io/safe_pickle's restricted unpickler, admitting exactly the classes DCP's index is
-made of, then checks the index holds what minddp writes: tensors only (DCP would load any other
-entry with `torch.load(weights_only=False)`), each in a file directly in the folder.
+reads it with minddp/io/safe_pickle's restricted unpickler, admitting exactly the classes DCP's
+index is made of, then checks the index holds what minddp writes: tensors only (DCP would load
+any other entry with `torch.load(weights_only=False)`), each in a file directly in the folder.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_meta
 
-from ..io import safe_pickle
+from ...io import safe_pickle
 
 
 class UnsafeIndex(ValueError):

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..io.atomic import atomic_open, remove_files, remove_orphans
+from ...io.atomic import atomic_open, remove_files, remove_orphans
 from ..safety.together import together
 from . import integrity, store
 from .errors import (

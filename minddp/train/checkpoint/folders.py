@@ -54,8 +54,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from ...io.atomic import atomic_write, fsync_dir
 from ...optim.zero_state import Piece
-from ..io.atomic import atomic_write, fsync_dir
 from ..safety.together import together
 from . import store
 from .dcp_reader import SafeReader, UnsafeIndex, read_index, to_torch_save

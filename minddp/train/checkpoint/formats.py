@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..io.atomic import remove_orphans
+from ...io.atomic import remove_orphans
 from . import store
 from .files import FILE, FileCheckpoints
 from .folders import FOLDER, FolderCheckpoints

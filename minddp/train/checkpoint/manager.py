@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ...model.build import build_model
 from .. import init_from
-from ..build import build_model
 from ..metrics import flight_recorder
 from ..resume import check as resume_check
 from ..safety.together import together

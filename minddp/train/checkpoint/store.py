@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from ..io.atomic import fsync_dir
+from ...io.atomic import fsync_dir
 
 NAME = re.compile(r"ckpt_(\d+)(\.pt)?$")
 TRASH = ".ckpt_*.trash-*"

@@ -5,7 +5,8 @@
     tokens.py       token files of nanoGPT, llm.c and build-nanogpt: found, opened, checked
     fingerprint.py  a hash of the data files, so a resume or a rank reading other bytes is refused
     batches.py      this rank's micro-batches for any step (DistributedSampler's order)
-    prepare.py      text -> token files (`minddp prepare`)
+
+Text -> token files is `minddp prepare`'s (minddp/tools/prepare.py).
 
 The names of the former minddp/train/data.py are importable from here.
 """

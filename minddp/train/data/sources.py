@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import ConfigError
-from ..io.atomic import atomic_write
+from ...io.atomic import atomic_write
 from ..safety.together import together
 from . import tokens
 from .fingerprint import fingerprint

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError
-from ..io import safe_pickle
+from ...io import safe_pickle
 
 LLMC_MAGIC, LLMC_HEADER_INTS = 20240520, 256
 # llm.c's dev/data/data_common.py: version -> (dtype, the tokenizer's vocabulary, its name)

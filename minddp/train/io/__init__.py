@@ -1,6 +1,8 @@
-"""Files written and read safely:
+"""The run directory:
 
-    atomic.py       a temporary file, fsync, rename: a crash leaves the old file or the new one
     lock.py         one live job per run directory: an OS lock rank 0 holds for the run's life
-    safe_pickle.py  pickles from elsewhere (meta.pkl, flight-recorder dumps) read without running code
+    run_dir.py      where a run writes, decided in one place; checked before Hydra makes it;
+                    `.hydra/` written once the run is accepted
+
+Atomic writes and pickles read without running code are minddp/io/'s.
 """

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ... import _compat
-from ..io.atomic import atomic_write
+from ...io.atomic import atomic_write
 
 WATCHDOG_PREFIX = "watchdog_rank"  # nccl's watchdog dump: <run_dir>/flight_recorder/watchdog_rank<r>
 _context: dict = {"step": None, "phase": None, "groups": {}}

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ...io.atomic import atomic_write
 from ...perf.plot import pyplot
-from ..io.atomic import atomic_write
 
 
 class StepTrace:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..io.atomic import atomic_write
+from ...io.atomic import atomic_write
 from . import summary as steady
 from . import wandb_run
 from .wandb_run import resolve_mode as resolve_wandb_mode  # noqa: F401 - its name for the tools

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..io.atomic import atomic_write
+from ...io.atomic import atomic_write
 from . import summary as steady
 
 log = logging.getLogger("minddp")
