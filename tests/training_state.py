@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import torch
 
 from minddp.engine.ddp import DistributedDataParallel
-from minddp.train.build import build_optimizer, lr_factor
+from minddp.train.build import build_optimizer
 from minddp.train.checkpoint import FILE, FOLDER
 from minddp.train.checkpoint.state import RunState
+from minddp.train.trainer import lr_factor
 
 CPU = torch.device("cpu")
 

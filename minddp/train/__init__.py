@@ -1,9 +1,9 @@
 """The Hydra trainer, by what a reader looks for (each folder's __init__ maps its files):
 
     trainer.py      the loop, read top to bottom: setup, fit, run_step (a step and what follows
-                    it), train_step (one optimizer step), log
+                    it), train_step (one optimizer step), log; the LR schedule (lr_factor)
     config.py       the schema (typed dataclasses) and the checks before any process group
-    build.py        the model (minddp.model's), compiled as configured; the optimizer, the LR schedule
+    build.py        the model (minddp.model's), compiled as configured, and the optimizer
     init_from.py    model.init_from: a fresh run from a Hugging Face GPT-2 folder
     evaluate.py     the exact validation loss over any number of data-parallel ranks
     data/           what a run trains on: token files, text, synthetic; the batches; the data's

@@ -1,9 +1,8 @@
 """What a run is made of, built from its config: the model (minddp.model.build, imported here),
-compiled as train.compile says, the optimizer, the LR schedule."""
+compiled as train.compile says, and the optimizer (the LR schedule is the loop's:
+minddp.train.trainer.lr_factor)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -43,10 +42,3 @@ def build_optimizer(model, o, device: torch.device, ddp=None, tp_group=None, tp_
             OverlappedOptimizer if ddp is not None and ddp.optimizer_overlap else ReplicatedOptimizer)
     return kind(ddp, torch.optim.AdamW, groups, **kwargs)
 
-
-def lr_factor(step: int, o, max_steps: int) -> float:
-    """Linear warmup, then cosine decay from lr to min_lr at max_steps (a factor of lr)."""
-    if step < o.warmup_steps:
-        return (step + 1) / o.warmup_steps
-    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
-    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr

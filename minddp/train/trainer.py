@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from ..model.build import build_model
 from ..parallel import tensor_parallel as tp
 from ..parallel.dist import env_ranks, init_distributed
 from ..parallel.mesh import Mesh
-from .build import build_optimizer, compile_model, lr_factor
+from .build import build_optimizer, compile_model
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.state import RunState
 from .config import validate
@@ -137,7 +138,7 @@ class Trainer:
         self._arm_timeout()
 
     def lr_factor(self, step: int) -> float:
-        return lr_factor(step, self.cfg.optim, self.t.max_steps)
+        return lr_factor(step, self.cfg.optim, self.t.max_steps)  # the schedule, below the loop
 
     def run_config(self) -> dict:
         """The configuration a checkpoint saves, and a resume compares against."""
@@ -341,6 +342,15 @@ class Trainer:
                **self._spread}
         self._spread = {}
         self.tracker.log({k: v for k, v in row.items() if v is not None})
+
+
+def lr_factor(step: int, o, max_steps: int) -> float:
+    """The LR schedule (a factor of optim.lr): linear warmup, then cosine decay to min_lr at
+    max_steps. Beside the loop, as nanoGPT's get_lr: LambdaLR calls it every step."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    progress = min(1.0, (step - o.warmup_steps) / max(1, max_steps - o.warmup_steps))
+    return (o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))) / o.lr
 
 
 def write_run_info(run_dir: str, info: dict) -> None:

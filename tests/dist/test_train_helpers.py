@@ -11,13 +11,13 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from minddp.errors import ConfigError
 from minddp.parallel.mesh import Mesh
-from minddp.train.build import lr_factor
 from minddp.train.checkpoint import CheckpointError, CheckpointReadError
 from minddp.train.checkpoint import load as load_checkpoint
 from minddp.train.checkpoint.state import RunState
 from minddp.train.data import ArithmeticSequences, ShardedBatches
 from minddp.train.safety.guard import DivergedError, SkipGuard
 from minddp.train.safety.together import together
+from minddp.train.trainer import lr_factor
 from tests import launch
 from tests.training_state import CPU, outcome, save_state, setup, train
 

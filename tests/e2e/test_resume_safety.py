@@ -90,7 +90,7 @@ def test_resume_refuses_a_new_seed_and_applies_a_new_lr(tmp_path):
     # a new optim.lr and max_steps: applied (the schedule is this run's), and listed
     p = run_train(run, *ARGS, "train.resume=auto", "optim.lr=0.003", "train.max_steps=8")
     assert "changed on resume, applied: optim.lr: 0.001 -> 0.003" in p.stdout + p.stderr
-    from minddp.train.build import lr_factor
+    from minddp.train.trainer import lr_factor
 
     new, got = compose_config(*ARGS, "optim.lr=0.003").optim, metrics(run)
     assert [r["step"] for r in got] == list(range(1, 9))

@@ -5,7 +5,8 @@
     summary.py          the steady-state summary of a run's rows (also `minddp report`'s)
     identity.py         what a run is (layout, engine, device, commit) and its name
     flops.py            FLOPs per token, the device peak, TFLOP/s and MFU
-    probe.py            the step's instrumentation at named points (trace, arrival clock, faults, memory)
+    probe.py            the step's instrumentation at named points (the flight recorder's context,
+                        trace, arrival clock, faults, memory)
     straggler.py        the slowest rank, from the probe's arrival clock
     steptrace.py        one step traced (bucket events, phases) to a Chrome trace and a figure
     flight_recorder.py  torch's flight recorder: configured, given the step, dumped on a failure

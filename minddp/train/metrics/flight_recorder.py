@@ -32,7 +32,9 @@ from ... import _compat
 from ...io.atomic import atomic_write
 
 WATCHDOG_PREFIX = "watchdog_rank"  # nccl's watchdog dump: <run_dir>/flight_recorder/watchdog_rank<r>
-_context: dict = {"step": None, "phase": None, "groups": {}}
+# where the trainer is (step, phase) and the ranks of each group, written into every dump; the
+# step's probe updates it in place (a dict update per step, no call here)
+CONTEXT: dict = {"step": None, "phase": None, "groups": {}}
 _dumped = False  # the first dump of a process wins: later ones record the consequences
 
 
@@ -67,14 +69,14 @@ def recording() -> bool:
 
 def set_context(**kw) -> None:
     """Where the trainer is (step, phase): a dict update, free enough for every step."""
-    _context.update(kw)
+    CONTEXT.update(kw)
 
 
 def register_groups(*groups) -> None:
     """Remember the ranks of these process groups (torch's gloo dump has none)."""
     for g in groups:
         g = g or dist.group.WORLD
-        _context["groups"][g.group_name] = dist.get_process_group_ranks(g)
+        CONTEXT["groups"][g.group_name] = dist.get_process_group_ranks(g)
 
 
 def dump(run_dir, reason: str = "") -> Path | None:
@@ -94,7 +96,7 @@ def dump(run_dir, reason: str = "") -> Path | None:
     else:
         atomic_write(path, _compat.dump_flight_recorder(str(dist.get_backend())))
         context = {"rank": rank, "world_size": dist.get_world_size(), "reason": reason,
-                   "time": time.time(), **_context}
+                   "time": time.time(), **CONTEXT}
         _dumped = True
     atomic_write(context_path, json.dumps(context, indent=1).encode())
     return path

@@ -2,8 +2,8 @@
 `Trainer.train_step` reads as nanoGPT's loop (micro-steps, backward, clip, the agreement, the
 optimizer step, zero_grad) and nothing else:
 
-    probe.begin(step)              the flight recorder's context, a traced step's StepTrace, the
-                                   arrival clock's start
+    probe.begin(step)              the flight recorder's context (its dict, updated in place), a
+                                   traced step's StepTrace, the arrival clock's start
     with probe.forward(m): ...     a traced step's phases (nothing otherwise)
     with probe.backward(m): ...
     probe.after_backward(step, model, loss_sum)   injected faults (train.fault_*), then the
@@ -78,9 +78,10 @@ class StepProbe:
         self.trace_step, self.run_dir, self.overlap = trace_step, run_dir, overlap
         self.rank, self.world = rank, world
         self.trace = None  # the traced step's StepTrace, between begin and end
+        self.where = flight_recorder.CONTEXT  # what a dump says of the step: updated here in place
 
     def begin(self, step: int) -> None:
-        flight_recorder.set_context(step=step, phase="forward/backward")
+        self.where.update(step=step, phase="forward/backward")
         if step == self.trace_step:
             self.trace = steptrace.StepTrace(self.ddp).start()
         self.clock.begin()
@@ -94,7 +95,7 @@ class StepProbe:
     def after_backward(self, step: int, model, loss_sum) -> None:
         if self.faults is not None:  # a train.fault_* set for a step
             self.faults.after_backward(step, model, loss_sum)
-        flight_recorder.set_context(phase="optimizer")
+        self.where["phase"] = "optimizer"
 
     def memory_slot(self) -> list[float]:
         """[0, ..., this rank's peak RSS (MiB) x world, ..., 0]: averaged over ranks, each slot
