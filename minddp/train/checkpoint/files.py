@@ -58,14 +58,8 @@ class FileCheckpoints:
     def save(self, run_dir, step: int, state: dict) -> Path:
         """Every rank, at the same point: rank 0 writes `state` (the same on every rank), the
         others wait for its outcome; a failed write raises CheckpointWriteError on every rank."""
-        path, error = None, None
-        if dist.get_rank() == 0:
-            try:
-                path = self.write(self.path(run_dir, step), state)
-            except Exception as e:  # noqa: BLE001 - every rank stops with it, below
-                error = e
-        kinds = (CheckpointWriteError, CheckpointWriteError)
-        return together(error, path, what=f"save step {step}", kinds=kinds)[0]
+        final = self.path(run_dir, step)
+        return on_rank0(lambda: self.write(final, state), final, f"save step {step}")
 
     def write(self, final: Path, state: dict) -> Path:
         """One process: `state` and its checksums, atomically at `final`."""
@@ -111,6 +105,21 @@ class FileCheckpoints:
         d = store.checkpoint_dir(run_dir)
         found = remove_orphans(d, "ckpt_*.pt")  # atomic_open's own: removed by it
         return found + (remove_files(d.glob(_LEGACY_TMP)) if d.is_dir() else [])
+
+
+def on_rank0(action, final: Path, what: str):
+    """`action()` on rank 0, its result on every rank; its failure raised on every rank (a
+    failed write, torch.save's full disk included, as a CheckpointWriteError): how either
+    format's rank-0 writes reach every rank."""
+    result, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = action()
+        except CheckpointWriteError as e:  # said already
+            error = e
+        except Exception as e:  # noqa: BLE001 - every rank stops with it, below
+            error = write_error(final, e) if is_write_failure(e) else e
+    return together(error, result, what=what, kinds=(CheckpointWriteError,) * 2)[0]
 
 
 def checked(path, state) -> dict:

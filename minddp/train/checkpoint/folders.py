@@ -65,12 +65,11 @@ from .errors import (
     DifferentModel,
     first_failure,
     is_transient,
-    is_write_failure,
     read_error,
     unreadable,
     write_error,
 )
-from .files import checked
+from .files import checked, on_rank0
 from .sharded import (
     CheckedReader,
     CorruptChunk,
@@ -134,7 +133,7 @@ class FolderCheckpoints:
         final = self.path(run_dir, step)
         small, tensors = split(state)
         what = f"save step {step}"
-        tmp, small_sum = _on_rank0(lambda: begin_with(final, small), final, what)
+        tmp, small_sum = on_rank0(lambda: begin_with(final, small), final, what)
         return BackgroundSave(step, final, tmp, what, tensors, small_sum)
 
     # ------------------------------------------------------------------------- load
@@ -213,7 +212,7 @@ class BackgroundSave:
             if self.writing is not None:
                 self.writer = self.writing.result()
                 self.writing = None
-            _on_rank0(lambda: publish(self.tmp, self.final, self.integrity()), self.final, self.what)
+            on_rank0(lambda: publish(self.tmp, self.final, self.integrity()), self.final, self.what)
         return self.final
 
     def integrity(self) -> dict:
@@ -281,18 +280,6 @@ class BackgroundSave:
             if dist.get_rank() == 0 and self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             raise
-
-
-def _on_rank0(action, final: Path, what: str):
-    """`action()` on rank 0, its result on every rank; its failure raised on every rank (a
-    failed write, torch.save's full disk included, as a CheckpointWriteError)."""
-    result, error = None, None
-    if dist.get_rank() == 0:
-        try:
-            result = action()
-        except Exception as e:  # noqa: BLE001 - every rank stops with it, below
-            error = write_error(final, e) if is_write_failure(e) else e
-    return together(error, result, what=what, kinds=_KINDS)[0]
 
 
 def different_model(path, e: ModelMismatch) -> DifferentModel:
