@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..perf import host_bench
-from ..train.model import GPT, GPTConfig
+from ..model.gpt import GPT, GPTConfig
 from . import render
 from .arguments import int_list, positive_int, tool_parser, writable_out
 from .cli import ranks_phrase, start
