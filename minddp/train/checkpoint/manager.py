@@ -14,6 +14,7 @@ tensors, or the model.init_from weights for a fresh run.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -92,9 +93,12 @@ class CheckpointManager:
         fits = None if self.model_cfg is None else shape_check(self.model_cfg, build_model, self.vocab_size)
         self.path, saved = resolve_agreed(self.run_dir, self.t.resume, self.state.device, fits,
                                           into=self._read_in_place, check=self._check_config)
-        start = self.state.load_state_dict(saved, self.path)
-        self._init_from(fresh=saved is None)
+        fresh = saved is None
         self.skipped_steps = (saved or {}).get("skipped_steps", 0)
+        start = self.state.load_state_dict(saved, self.path)
+        del saved
+        _return_freed_heap()  # the read's buffers are gone: the steps that follow start from training's RSS
+        self._init_from(fresh=fresh)
         # newer than the resumed step: skipped by the resume (corrupt) or left behind by it; none
         # counts toward train.ckpt_keep until this run saves its step again
         self._counted = {p.name: False for p in store.all_checkpoints(self.run_dir)
@@ -183,3 +187,14 @@ class CheckpointManager:
         return (f"checkpoints: {len(found)} in {store.checkpoint_dir(self.run_dir)}"
                 + (f" (steps {steps})" if found else "")
                 + f", {store.disk_bytes(self.run_dir) / 2**20:.1f} MiB on disk")
+
+
+def _return_freed_heap() -> None:
+    """glibc keeps what was freed on its heap (and after large frees raises its mmap threshold, so
+    later tensors come from that heap too): give it back once a checkpoint's read buffers are gone,
+    so a resumed run peaks where training does, not there plus the read. A no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
