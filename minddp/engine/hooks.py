@@ -28,10 +28,16 @@ class GradHooks:
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
         self._handles: list = []
+        self.closed = False  # the wrapper let its module go: nothing is hooked again
 
     def set(self, fns: dict) -> None:
         self.remove()
-        self._handles = [self.params[i].register_post_accumulate_grad_hook(fn) for i, fn in fns.items()]
+        if not self.closed:
+            self._handles = [self.params[i].register_post_accumulate_grad_hook(fn) for i, fn in fns.items()]
+
+    def close(self) -> None:
+        self.closed = True
+        self.remove()
 
     @property
     def hooked(self) -> int:
@@ -74,7 +80,7 @@ def take_over(module: nn.Module, new) -> None:
 
 def release(grad_hooks: GradHooks, module_ref, owner) -> None:
     """A wrapper's hooks go (remove_hooks(), or the wrapper was garbage-collected)."""
-    grad_hooks.remove()
+    grad_hooks.close()
     module = module_ref()
     if module is not None and OWNERS.get(module) is owner:
         OWNERS.pop(module, None)
