@@ -86,7 +86,6 @@ class Reducer:
         self.bucket_of: list[int] = []  # the layout's parameter -> bucket, and each bucket's size
         self.bucket_sizes: list[int] = []
         self.views: tuple = ()  # the layout's gradient views (None: a sparse gradient)
-        self.points_at_views = mixed is None  # (_accumulates_in_buckets)
         self.hooks = hooks.GradHooks(params)  # per parameter, or watched per bucket (`watching`)
         self.watching = False
         self.lost_track = False  # a watched bucket was found incomplete: per parameter from then on
@@ -199,7 +198,7 @@ class Reducer:
         1/n): not where a parameter without a gradient must keep `.grad` None
         (find_unused_parameters, static_graph, as torch), nor under mixed precision (the
         buffer holds param_dtype)."""
-        return self.points_at_views and not self.usage.tolerate_unused
+        return self.mixed is None and not self.usage.tolerate_unused
 
     # ------------------------------------------------------------------ the hooks
     def hook_all(self) -> None:
